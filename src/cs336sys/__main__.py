@@ -1,0 +1,5 @@
+import sys
+
+from cs336sys.cli import main
+
+sys.exit(main())

@@ -1,0 +1,225 @@
+"""The one cell runner: one grid cell's measurement → rows that always carry a status.
+
+The measurement runs in a child process so that whatever happens to it becomes
+data: ``torch.OutOfMemoryError`` (caught by type) → ``oom``; any other
+exception → ``error``; the child dying (segfault, ``abort``, a fatal CUDA error)
+→ ``error`` with its exit signal; running past the time limit → ``timeout``;
+a cell that cannot run here (CUDA needed on a CPU machine) → ``skipped``.
+Rows measured before a failure are kept, and the failure row names the part
+(e.g. ``mode=train``) that failed.
+
+A measurement is a generator function ``fn(device, context, **kwargs)``
+yielding row dicts; it records what it is doing in ``context`` (a dict whose
+keys are copied into a failure row). Test hook: ``CS336SYS_INJECT_FAULT`` =
+``oom|error|abort|hang[:<cell-id substring>]`` makes matching cells fail that
+way inside the child, so the failure paths are exercised without a real GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+import torch
+
+STATUSES = ("ok", "oom", "error", "timeout", "skipped")
+HEAD_COLUMNS = ["study", "cell_id", "status", "error"]
+ENV_COLUMNS = [
+    "device", "device_name", "driver_version", "torch_version", "cuda_version",
+    "python_version", "git_commit", "host", "started_at",
+]  # fmt: skip
+FAULT_ENV = "CS336SYS_INJECT_FAULT"
+OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+class Skip(Exception):
+    """Raised by a measurement that cannot run on this machine; the cell becomes ``skipped``."""
+
+
+@dataclass
+class Cell:
+    study: str
+    cell_id: str
+    axes: dict[str, Any]  # the grid coordinates, copied into every row
+    target: str  # "module:function" of the measurement generator
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    device: str = "cuda"  # cuda | cpu | auto
+    timeout_s: float = 600.0
+    memory_fraction: float | None = None
+
+
+def _inject_fault(cell_id: str) -> None:
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return
+    kind, _, where = spec.partition(":")
+    if where and where not in cell_id:
+        return
+    if kind == "oom":
+        raise OutOfMemoryError(f"CUDA out of memory (injected by {FAULT_ENV})")
+    if kind == "error":
+        raise RuntimeError(f"injected error ({FAULT_ENV})")
+    if kind == "abort":
+        os.abort()
+    if kind == "hang":
+        time.sleep(3600)
+
+
+def _child(conn, cell: Cell) -> None:
+    from cs336sys.env import environment, pick_device
+    from cs336sys.memory import cap_memory, release
+
+    context: dict[str, Any] = {}
+    device = None
+    try:
+        try:
+            device = pick_device(cell.device)
+        except RuntimeError as exc:
+            raise Skip(str(exc)) from exc
+        conn.send(("env", environment(device)))
+        cap_memory(cell.memory_fraction, device)
+        _inject_fault(cell.cell_id)
+        module, _, name = cell.target.partition(":")
+        measure = getattr(importlib.import_module(module), name)
+        for row in measure(device=device, context=context, **cell.kwargs):
+            conn.send(("row", row))
+        conn.send(("done", None))
+    except OutOfMemoryError as exc:
+        if device is not None:
+            release(device)
+        conn.send(("oom", (str(exc).splitlines()[0][:500], context)))
+    except Skip as exc:
+        conn.send(("skipped", (str(exc), context)))
+    except Exception as exc:  # any measured failure becomes a row, never a crash of the workflow
+        traceback.print_exc()
+        conn.send(("error", (f"{type(exc).__name__}: {exc}"[:1000], context)))
+    finally:
+        conn.close()
+
+
+def _start_method(device: str) -> str:
+    # fork is fast (torch already imported) and safe while this process has not
+    # touched CUDA; CUDA cells use spawn so the child owns a clean CUDA context.
+    return "fork" if device == "cpu" and "fork" in mp.get_all_start_methods() else "spawn"
+
+
+@contextlib.contextmanager
+def _main_not_reimported():
+    """Keep a spawned child from re-running the parent's script.
+
+    Spawn re-imports ``__main__`` by path when it has no module spec; a
+    Snakemake ``script:`` is such a file, and re-running it in the child would
+    start the cell again. Without ``__file__`` the child imports nothing.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None) if main is not None and getattr(main, "__spec__", None) is None else None
+    if path is None:
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
+def _exit_reason(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"measuring process died with signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"measuring process died with signal {-exitcode}"
+    return f"measuring process exited with code {exitcode} before reporting"
+
+
+def _base_env(cell: Cell) -> dict[str, Any]:
+    from cs336sys.env import environment
+
+    env = environment(torch.device("cpu"))  # parent never touches CUDA; the child overrides these
+    env.update(device=cell.device, device_name="", driver_version="")
+    return env
+
+
+def run_cell(cell: Cell) -> list[dict[str, Any]]:
+    """Run ``cell`` in a child process and return its rows (at least one), each with a status."""
+    ctx = mp.get_context(_start_method(cell.device))
+    parent_conn, child_conn = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(child_conn, cell), daemon=True)
+    with _main_not_reimported():
+        proc.start()
+    child_conn.close()
+
+    env, rows, failure = _base_env(cell), [], None
+    deadline = time.monotonic() + cell.timeout_s
+    while failure is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            failure = ("timeout", f"cell exceeded its time limit of {cell.timeout_s:g} s", {})
+            break
+        try:
+            if not parent_conn.poll(min(remaining, 1.0)):
+                if not proc.is_alive() and not parent_conn.poll(0):
+                    failure = ("error", _exit_reason(proc.exitcode), {})
+                continue
+            kind, payload = parent_conn.recv()
+        except (EOFError, OSError):
+            proc.join(5)
+            failure = ("error", _exit_reason(proc.exitcode), {})
+            break
+        if kind == "env":
+            env.update(payload)
+        elif kind == "row":
+            rows.append({**payload, "status": "ok", "error": ""})
+        elif kind == "done":
+            break
+        else:
+            failure = (kind, payload[0], payload[1])
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+    if failure is not None:
+        status, error, context = failure
+        rows.append({**context, "status": status, "error": error})
+    return [{"study": cell.study, "cell_id": cell.cell_id, **cell.axes, **row, **env} for row in rows]
+
+
+def order_columns(columns: Iterable[str], axes: Iterable[str] = ()) -> list[str]:
+    """The CSV schema's column order: head, axes, measurements, environment."""
+    columns = list(dict.fromkeys(columns))
+    axes = [a for a in axes if a in columns and a not in HEAD_COLUMNS]
+    head = [c for c in HEAD_COLUMNS if c in columns]
+    env = [c for c in ENV_COLUMNS if c in columns]
+    where = [c for c in ("mode", "phase") if c in columns and c not in axes]
+    rest = [c for c in columns if c not in head + axes + where + env]
+    return head + axes + where + rest + env
+
+
+def rows_to_frame(rows: list[Mapping[str, Any]], axes: Iterable[str] = ()) -> pd.DataFrame:
+    frame = pd.DataFrame(list(rows))
+    return frame[order_columns(frame.columns, axes)]
+
+
+def write_csv_atomic(frame: pd.DataFrame, path: str | os.PathLike) -> None:
+    """Write to a temporary file beside ``path`` and rename: a killed run leaves no half CSV."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        frame.to_csv(tmp, index=False)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
