@@ -107,10 +107,12 @@ def _child(conn, cell: Cell) -> None:
         conn.close()
 
 
-def _start_method(device: str) -> str:
-    # fork is fast (torch already imported) and safe while this process has not
-    # touched CUDA; CUDA cells use spawn so the child owns a clean CUDA context.
-    return "fork" if device == "cpu" and "fork" in mp.get_all_start_methods() else "spawn"
+def _start_method() -> str:
+    # fork is fast (torch is already imported) and safe while this process has
+    # not initialised CUDA, which the runner never does: the child owns the GPU.
+    if "fork" in mp.get_all_start_methods() and not torch.cuda.is_initialized():
+        return "fork"
+    return "spawn"
 
 
 @contextlib.contextmanager
@@ -152,7 +154,7 @@ def _base_env(cell: Cell) -> dict[str, Any]:
 
 def run_cell(cell: Cell) -> list[dict[str, Any]]:
     """Run ``cell`` in a child process and return its rows (at least one), each with a status."""
-    ctx = mp.get_context(_start_method(cell.device))
+    ctx = mp.get_context(_start_method())
     parent_conn, child_conn = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(child_conn, cell), daemon=True)
     with _main_not_reimported():

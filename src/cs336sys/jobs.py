@@ -1,0 +1,34 @@
+"""Plumbing for the workflow's per-job scripts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def log_to(path: str | os.PathLike) -> Iterator[None]:
+    """Send this process's stdout and stderr — and those of any child it forks — to ``path``.
+
+    File descriptors 1 and 2 are redirected (not just ``sys.stdout``), so the
+    measuring child's tracebacks and compiler messages land in the job's log.
+    """
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "a") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])

@@ -1,0 +1,60 @@
+# Merge cells per study, draw each study's figures, write the report.
+rule merge:
+    input:
+        study_cells,
+    output:
+        report(
+            study_csv(),
+            caption="../report/merged.rst",
+            category="Results",
+            subcategory="{study}",
+            labels={"study": "{study}", "table": "merged cells"},
+        ),
+    params:
+        peak_tflops=config.get("peak_tflops") or {},
+        code=MERGE_CODE,
+        script=SCRIPT_HASH["merge.py"],
+    log:
+        f"logs/{RUN}/merge/{{study}}.log",
+    script:
+        "../scripts/merge.py"
+
+
+rule plots:
+    input:
+        study_csv(),
+    output:
+        report(
+            directory(figure_dir()),
+            patterns=["{name}.png"],
+            caption="../report/figures.rst",
+            category="Figures",
+            subcategory="{study}",
+            labels={"study": "{study}", "figure": "{name}"},
+        ),
+    params:
+        run=RUN,
+        code=PLOT_CODE,
+        script=SCRIPT_HASH["plot.py"],
+    log:
+        f"logs/{RUN}/plots/{{study}}.log",
+    script:
+        "../scripts/plot.py"
+
+
+rule report:
+    input:
+        csvs=expand(study_csv("{s}"), s=STUDIES),
+        figures=expand(figure_dir("{s}"), s=STUDIES),
+    output:
+        report(report_md(), caption="../report/report.rst", category="Report", labels={"file": "report.md"}),
+    params:
+        run=RUN,
+        studies=STUDIES,
+        config=config,
+        code=REPORT_CODE,
+        script=SCRIPT_HASH["report.py"],
+    log:
+        f"logs/{RUN}/report.log",
+    script:
+        "../scripts/report.py"

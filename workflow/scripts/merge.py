@@ -1,0 +1,14 @@
+"""Merge one study's cell CSVs (all statuses kept) and add the derived metrics."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
+
+from cs336sys.cells import write_csv_atomic
+from cs336sys.jobs import log_to
+from cs336sys.results import merge_cells
+
+with log_to(snakemake.log[0]):
+    merged = merge_cells(snakemake.input, snakemake.wildcards.study, snakemake.params.peak_tflops)
+    write_csv_atomic(merged, snakemake.output[0])

@@ -1,0 +1,15 @@
+"""Draw one study's figures from its merged CSV into a directory of PNGs."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
+
+from cs336sys.jobs import log_to
+from cs336sys.plots import plot_study
+from cs336sys.results import load_study
+
+with log_to(snakemake.log[0]):
+    study = snakemake.wildcards.study
+    written = plot_study(study, load_study(snakemake.input[0]), Path(snakemake.output[0]), run=snakemake.params.run)
+    print("\n".join(str(p) for p in written))

@@ -1,0 +1,15 @@
+"""One grid cell: settings from the rule's params → the library's cell runner → one CSV (atomic)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
+
+from cs336sys.cells import Cell, rows_to_frame, run_cell, write_csv_atomic
+from cs336sys.jobs import log_to
+
+with log_to(snakemake.log[0]):
+    cell = Cell(**snakemake.params.cell)
+    rows = run_cell(cell)
+    write_csv_atomic(rows_to_frame(rows, cell.axes), snakemake.output[0])
+    print(f"{cell.cell_id}: " + ", ".join(sorted({r['status'] for r in rows})))
