@@ -11,6 +11,9 @@ include: "workflow/rules/warmup.smk"
 include: "workflow/rules/attention.smk"
 include: "workflow/rules/mha.smk"
 include: "workflow/rules/flash.smk"
+include: "workflow/rules/profile.smk"
+include: "workflow/rules/memory.smk"
+include: "workflow/rules/precision.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -47,7 +47,7 @@ def train_step_fn(model, run_model, optimizer, inputs, targets, precision: str, 
         memory_log["before_backward"] = memory.allocated_bytes(device)
         with clock.phase("backward"):
             loss.backward()
-        with clock.phase("optimizer"):
+        with clock.phase("optimizer_step"):
             optimizer.step()
 
     return step
@@ -118,7 +118,7 @@ def measure_e2e(
         memory.reset_peak(device)
         step = train_step_fn(model, run_model, opt, inputs, targets, precision, device, memory_log)
         timing = time_steps(step, warmup=warmup_steps, steps=measure_steps, device=device)
-        flops = {"forward": fwd, "backward": BACKWARD_FACTOR * fwd, "optimizer": None, STEP: (1 + BACKWARD_FACTOR) * fwd}
+        flops = {"forward": fwd, "backward": BACKWARD_FACTOR * fwd, "optimizer_step": None, STEP: (1 + BACKWARD_FACTOR) * fwd}
         extra = {
             "mode": "train",
             **common,

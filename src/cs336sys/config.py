@@ -44,7 +44,9 @@ def validate_semantics(config: Mapping[str, Any]) -> None:
     """Checks across keys: model sizes exist, head counts divide widths."""
     sizes = known_sizes(config.get("extra_sizes") or {})
     problems = []
-    for key, names in (("e2e.sizes", (config.get("e2e") or {}).get("sizes", [])), ("warmup.size", [(config.get("warmup") or {}).get("size")])):
+    size_keys = [("e2e.sizes", (config.get("e2e") or {}).get("sizes", [])), ("warmup.size", [(config.get("warmup") or {}).get("size")]),
+                 ("profile.sizes", (config.get("profile") or {}).get("sizes", [])), ("memory.sizes", (config.get("memory") or {}).get("sizes", []))]  # fmt: skip
+    for key, names in size_keys:
         for name in names:
             if name is not None and name not in sizes:
                 problems.append(f"config key {key!r}: unknown model size {name!r}; known sizes: {', '.join(sizes)}")

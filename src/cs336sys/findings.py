@@ -84,3 +84,77 @@ def attention_memory_check(att: pd.DataFrame) -> pd.DataFrame:
     out["one_LxL_matrix_mib"] = rows["score_matrix_bytes"] / MIB
     out["kept_in_LxL_matrices"] = kept / rows["score_matrix_bytes"]
     return out.reset_index(drop=True)
+
+
+def profile_answers(prof: pd.DataFrame) -> pd.DataFrame:
+    """Per profile cell, the handout's nsys_profile answers, from the kernel table."""
+    from cs336sys.profiling import MATMUL_PATTERN
+
+    rows = []
+    ok = prof[prof["status"] == OK] if "kind" in prof else prof.iloc[0:0]
+    for cell, part in ok.groupby("cell_id"):
+        kernels = part[part["kind"] == "kernel"]
+        timing = part[part["kind"] == "timing"]
+        steps = float(kernels["profiled_steps"].max()) if not kernels.empty else float("nan")
+        row = {"cell_id": cell, "profiler": str(part["device_kind"].dropna().iloc[0]) if part["device_kind"].notna().any() else ""}
+        for mode in ("inference", "train"):
+            k = kernels[kernels["mode"] == mode]
+            t = timing[(timing["mode"] == mode) & (timing["phase"] == "forward")]
+            fwd = k[k["phase"] == "forward"]
+            row[f"{mode}_forward_profiler_ms"] = fwd["total_us"].sum() / steps / 1e3 if not fwd.empty else float("nan")
+            row[f"{mode}_forward_harness_ms"] = float(t["median_ms"].iloc[0]) if not t.empty else float("nan")
+            is_mm = k["kernel"].str.contains(MATMUL_PATTERN)
+            row[f"{mode}_matmul_share"] = k.loc[is_mm, "total_us"].sum() / k["total_us"].sum() if not k.empty else float("nan")
+        fwd = kernels[(kernels["mode"] == "train") & (kernels["phase"] == "forward")]
+        if not fwd.empty:
+            top = fwd.loc[fwd["total_us"].idxmax()]
+            row["forward_top_kernel"] = top["kernel"][:90]
+            row["its_calls_per_forward"] = top["calls"] / steps
+            row["its_share_of_forward"] = top["share_of_phase"]
+        fb = kernels[(kernels["mode"] == "train") & kernels["phase"].isin(["forward", "backward"])]
+        if not fb.empty:
+            by_kernel = fb.groupby("kernel")["total_us"].sum()
+            row["fwd+bwd_top_kernel"] = by_kernel.idxmax()[:90]
+            row["same_top_kernel"] = by_kernel.idxmax() == row.get("forward_top_kernel", "")[:90] or by_kernel.idxmax()[:90] == row.get("forward_top_kernel")
+        sub = part[part["kind"] == "subrange"]
+        sub = sub[sub["mode"] == "train"].set_index("phase")
+        if {"computing softmax", "computing attention scores", "final matmul"} <= set(sub.index):
+            matmul_us = sub.loc["computing attention scores", "kernel_us"] + sub.loc["final matmul", "kernel_us"]
+            row["attn_softmax_over_matmul_time"] = sub.loc["computing softmax", "kernel_us"] / matmul_us if matmul_us else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def non_matmul_kernels(prof: pd.DataFrame, min_share: float = 0.01) -> pd.DataFrame:
+    """Kernels other than matmuls taking more than ``min_share`` of a training phase."""
+    from cs336sys.profiling import MATMUL_PATTERN
+
+    k = _kind(prof, "kernel")
+    k = k[k["mode"] == "train"]
+    k = k[~k["kernel"].str.contains(MATMUL_PATTERN) & (k["share_of_phase"] > min_share)]
+    out = k[["cell_id", "phase", "kernel", "calls", "total_us", "share_of_phase"]].copy()
+    out["kernel"] = out["kernel"].str.slice(0, 90)
+    return out.sort_values(["cell_id", "phase", "share_of_phase"], ascending=[True, True, False])
+
+
+def _kind(df: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """The ok rows of one ``kind`` (none when no cell produced that kind, e.g. all skipped)."""
+    if "kind" not in df:
+        return df.iloc[0:0]
+    return df[(df["status"] == OK) & (df["kind"] == kind)]
+
+
+def memory_summary(mem: pd.DataFrame) -> pd.DataFrame:
+    rows = _kind(mem, "summary")
+    if rows.empty:
+        return rows
+    out = rows[["size", "ctx", "precision", "mode"]].copy()
+    for col in ("peak_mem_bytes", "peak_reserved_bytes", "mem_before_bwd_bytes", "residual_activation_bytes"):
+        out[col.replace("_bytes", "_mib")] = rows[col] / MIB
+    return out.reset_index(drop=True)
+
+
+def largest_allocations(mem: pd.DataFrame, top: int = 5) -> pd.DataFrame:
+    rows = _kind(mem, "allocation")
+    rows = rows[rows["rank"] <= top]
+    return rows[["cell_id", "rank", "size_mib", "frames"]].reset_index(drop=True)

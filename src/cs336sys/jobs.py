@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Iterator
 
@@ -25,6 +26,9 @@ def log_to(path: str | os.PathLike) -> Iterator[None]:
         os.dup2(log.fileno(), 2)
         try:
             yield
+        except BaseException:
+            traceback.print_exc()  # into the job's log, before the descriptors are restored
+            raise
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -98,7 +98,7 @@ def _ok(df: pd.DataFrame, **where) -> pd.DataFrame:
 
 
 # --- e2e -----------------------------------------------------------------------------------------
-E2E_PANELS = [("inference", "forward"), ("train", "forward"), ("train", "backward"), ("train", "optimizer"), ("train", "step")]
+E2E_PANELS = [("inference", "forward"), ("train", "forward"), ("train", "backward"), ("train", "optimizer_step"), ("train", "step")]
 
 
 def plot_e2e_times(df: pd.DataFrame, path: Path, run: str, attn: str) -> Path:
@@ -208,6 +208,54 @@ def plot_flash(df: pd.DataFrame, path: Path, run: str, precision: str, heads: in
     return _save(fig, path)
 
 
+# --- profile, memory, precision -----------------------------------------------------------------
+
+
+def plot_kernel_shares(df: pd.DataFrame, path: Path, run: str, cell: str, top: int = 12) -> Path:
+    """Top kernels by share of each phase's device time, for one profile cell."""
+    data = df[(df["cell_id"] == cell) & (df["kind"] == "kernel")]
+    panels = [(m, p) for m, p in [("inference", "forward"), ("train", "forward"), ("train", "backward"), ("train", "optimizer_step")]
+              if not data[(data["mode"] == m) & (data["phase"] == p)].empty]  # fmt: skip
+    fig, axes = plt.subplots(len(panels) or 1, 1, figsize=(9, 2.6 * max(len(panels), 1)), squeeze=False)
+    for ax, (mode, phase) in zip(axes[:, 0], panels):
+        part = data[(data["mode"] == mode) & (data["phase"] == phase)].nlargest(top, "total_us")[::-1]
+        ax.barh([k[:70] for k in part["kernel"]], 100 * part["share_of_phase"])
+        ax.set_xlabel("% of phase time")
+        ax.set_title(f"{mode} {phase}: top {len(part)} kernels")
+    _title(fig, run, data, f"profile {cell} ({data['device_kind'].iloc[0] if len(data) else ''})")
+    return _save(fig, path)
+
+
+def plot_memory_timeline(df: pd.DataFrame, path: Path, run: str, cell: str) -> Path:
+    from cs336sys.memory_snapshot import plot_timeline
+
+    data = df[df["cell_id"] == cell]
+    timeline = data[data["kind"] == "timeline"][["time_us", "allocated_bytes"]].sort_values("time_us")
+    phases = [(r.phase, r.start_us, r.end_us) for r in data[data["kind"] == "phase"].itertuples()]
+    plot_timeline(timeline, str(path), title=f"active memory, {cell} — run {run}, {_device(data)}", phases=phases)
+    return path
+
+
+def plot_memory_peaks(df: pd.DataFrame, path: Path, run: str) -> Path:
+    data = _ok(df, kind="summary").assign(peak_mib=lambda d: d["peak_mem_bytes"] / 2**20)
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    draw_lines(ax, data, "ctx", "peak_mib", ["size", "precision", "mode"], failed=_failed(df), logx=True)
+    ax.set_ylabel("peak allocated (MiB)")
+    _title(fig, run, df, "peak memory")
+    return _save(fig, path)
+
+
+def plot_accumulation(df: pd.DataFrame, path: Path, run: str) -> Path:
+    data = _ok(df, kind="accumulation")
+    fig, ax = plt.subplots(figsize=(6, 3))
+    labels = [f"{a} += {s}" + (" (cast)" if "cast" in str(c) else "") for a, s, c in zip(data["accumulator"], data["summand"], data["case"])]
+    ax.barh(labels, data["abs_error"].clip(lower=1e-9))
+    ax.set_xscale("log")
+    ax.set_xlabel("|sum − 10| after adding 0.01 a thousand times")
+    _title(fig, run, df, "accumulation error by dtype")
+    return _save(fig, path)
+
+
 def plot_study(study: str, df: pd.DataFrame, outdir: Path, run: str) -> list[Path]:
     """All figures of ``study`` into ``outdir``; returns the files written."""
     outdir.mkdir(parents=True, exist_ok=True)
@@ -236,6 +284,17 @@ def plot_study(study: str, df: pd.DataFrame, outdir: Path, run: str) -> list[Pat
         for prec in sorted(df["precision"].unique()):
             for heads in sorted(df["heads"].unique()):
                 jobs.append((f"flash_{prec}_heads-{heads}", lambda p, pr=prec, h=heads: plot_flash(df, p, run, pr, h)))
+    elif study == "profile":
+        cells = sorted(df.loc[df["status"] == OK, "cell_id"].unique()) if "kind" in df else []
+        jobs += [(f"kernels_{c}", lambda p, c=c: plot_kernel_shares(df, p, run, c)) for c in cells]
+    elif study == "memory":
+        cells = sorted(df.loc[(df["status"] == OK) & (df.get("kind") == "timeline"), "cell_id"].unique()) if "kind" in df else []
+        jobs += [(f"timeline_{c}", lambda p, c=c: plot_memory_timeline(df, p, run, c)) for c in cells]
+        if cells:
+            jobs.append(("peak_memory", lambda p: plot_memory_peaks(df, p, run)))
+    elif study == "precision":
+        if "kind" in df and (df["kind"] == "accumulation").any():
+            jobs.append(("accumulation", lambda p: plot_accumulation(df, p, run)))
     else:
         raise ValueError(f"no figures defined for study {study!r}")
     return [draw(outdir / f"{name}.png") for name, draw in jobs]

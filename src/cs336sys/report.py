@@ -55,6 +55,9 @@ def cell_table(df: pd.DataFrame, axes: Sequence[str]) -> pd.DataFrame:
     if df.empty:
         return df
     ok = ok_rows(df)
+    if "kind" in ok:
+        ok = ok[ok["kind"] == "timing"]
+    ok = ok.dropna(subset=["median_ms"]) if "median_ms" in ok else ok.iloc[0:0]
     table = pd.DataFrame()
     if not ok.empty:
         ok = ok.assign(col=ok["mode"].astype(str) + " " + ok["phase"].astype(str) + " ms", val=ok.apply(_ms, axis=1))
@@ -143,7 +146,48 @@ def _flash_findings(df: pd.DataFrame) -> str:
     return "\n\n".join(parts)
 
 
-FINDINGS = {"e2e": _e2e_findings, "attention": _attention_findings, "mha": _mha_findings, "flash": _flash_findings}
+def _profile_findings(df: pd.DataFrame) -> str:
+    answers = F.profile_answers(df)
+    cpu = answers["profiler"].str.startswith("cpu").any() if "profiler" in answers else False
+    parts = []
+    if cpu:
+        parts.append("_This run profiled CPU activities only (no CUDA): \"kernels\" are CPU operators with their self time._")
+    parts += [
+        "**Answers per cell** — forward time from the profiler (kernel time in the `forward` range per step) beside the "
+        "harness's median for the same cell; the kernel with the most forward time and how often it runs per forward; "
+        "whether the same kernel leads forward+backward; the matmul share of device time for an inference forward vs a "
+        "whole training step; softmax vs matmul time inside attention (their FLOP ratio is about 5/(4·d_head): ~5 "
+        "elementwise FLOPs per score for softmax against 4·d_head for QKᵀ and PV):",
+        _md(answers.map(lambda v: f"{v:.4g}" if isinstance(v, float) else v).T.reset_index().rename(columns={"index": "answer"})),
+        "**Non-matmul kernels above 1% of a training phase:**",
+        _md(F.non_matmul_kernels(df), ".3g"),
+    ]
+    return "\n\n".join(parts)
+
+
+def _memory_findings(df: pd.DataFrame) -> str:
+    summary = F.memory_summary(df)
+    if summary.empty:
+        return "No memory cell ran here (the study needs CUDA; see the failed-cells list)."
+    return "\n\n".join(["**Peak allocated / reserved, memory before backward, and one fp32 residual-stream activation "
+                         "(batch × context × d_model × 4 bytes), MiB:**", _md(summary, ".1f"),
+                         "**Largest allocations and where they come from:**", _md(F.largest_allocations(df), ".1f")])  # fmt: skip
+
+
+def _precision_findings(df: pd.DataFrame) -> str:
+    parts = []
+    for kind in ("accumulation", "autocast-bf16", "autocast-fp16"):
+        rows = ok_rows(df, kind=kind)
+        if not rows.empty:
+            keep = [c for c in rows.columns if c not in ("study", "cell_id", "status", "error", "part", "mode", "kind") and rows[c].notna().any()
+                    and c not in ("device_name", "driver_version", "torch_version", "cuda_version", "python_version", "git_commit", "host", "started_at")]  # fmt: skip
+            parts += [f"**{kind}:**", _md(rows[keep], ".10g")]
+    return "\n\n".join(parts)
+
+
+FINDINGS = {"e2e": _e2e_findings, "attention": _attention_findings, "mha": _mha_findings, "flash": _flash_findings,
+            "profile": _profile_findings, "memory": _memory_findings, "precision": _precision_findings}  # fmt: skip
+NO_CELL_TABLE = {"memory", "precision"}  # their tables are the findings
 
 
 def write_report(out: Path, run: str, studies: Sequence[str], csvs: Sequence[Path], figure_dirs: Sequence[Path], config: Mapping[str, Any]) -> Path:
@@ -158,7 +202,8 @@ def write_report(out: Path, run: str, studies: Sequence[str], csvs: Sequence[Pat
         df = frames[name]
         axes = list(get_study(name).axes)
         lines += [f"## Study `{name}`", "", "Grid:", "", "```yaml", yaml.safe_dump({name: config.get(name)}, sort_keys=False).strip(), "```", ""]
-        lines += ["Per cell (median (mean ± std) ms per mode and phase):", "", _md(cell_table(df, axes)), ""]
+        if name not in NO_CELL_TABLE:
+            lines += ["Per cell (median (mean ± std) ms per mode and phase):", "", _md(cell_table(df, axes)), ""]
         if name in FINDINGS and not df.empty:
             lines += ["### Findings", "", FINDINGS[name](df), ""]
         lines += ["### Figures", "", _figures(fig_dir, report_dir), ""]

@@ -35,6 +35,7 @@ class Study:
     cells: Callable[[Mapping[str, Any]], list[Axes]]  # study block → valid cells
     kwargs: Callable[[Axes, Mapping[str, Any], Mapping[str, Any]], dict]  # (axes, block, config) → measurement kwargs
     sources: Callable[[Axes], tuple[str, ...]]  # modules this cell runs, besides CELL_RUNTIME
+    artifact_kwarg: str | None = None  # kwarg that receives a directory for traces/snapshots
 
 
 # --- e2e and warmup: TransformerLM -------------------------------------------------------------
@@ -133,6 +134,40 @@ def _flash_kwargs(axes: Axes, block: Mapping[str, Any], config: Mapping[str, Any
                 rep_ms=float(block["rep_ms"]))  # fmt: skip
 
 
+# --- profile and memory: where the time and the bytes go ------------------------------------------
+
+
+def _profile_cells(block: Mapping[str, Any]) -> list[Axes]:
+    return _product(size=block["sizes"], ctx=block["context_lengths"], precision=block["precisions"], attn=[block["attention"]])
+
+
+def _profile_kwargs(axes: Axes, block: Mapping[str, Any], config: Mapping[str, Any]) -> dict:
+    return dict(size=axes["size"], context_length=int(axes["ctx"]), precision=axes["precision"], attention=axes["attn"],
+                warmup_steps=int(block["warmup_steps"]), measure_steps=int(block["measure_steps"]),
+                profile_steps=int(block["profile_steps"]), batch_size=int(block["batch_size"]),
+                vocab_size=int(block["vocab_size"]), optimizer=block["optimizer"],
+                extra_sizes=dict(config.get("extra_sizes") or {}))  # fmt: skip
+
+
+def _memory_cells(block: Mapping[str, Any]) -> list[Axes]:
+    return _product(size=block["sizes"], ctx=block["context_lengths"], precision=block["precisions"], mode=block["modes"])
+
+
+def _memory_kwargs(axes: Axes, block: Mapping[str, Any], config: Mapping[str, Any]) -> dict:
+    return dict(size=axes["size"], context_length=int(axes["ctx"]), precision=axes["precision"], mode=axes["mode"],
+                attention=block["attention"], warmup_steps=int(block["warmup_steps"]), measure_steps=int(block["measure_steps"]),
+                batch_size=int(block["batch_size"]), vocab_size=int(block["vocab_size"]), optimizer=block["optimizer"],
+                top_n=int(block["top_n"]), extra_sizes=dict(config.get("extra_sizes") or {}))  # fmt: skip
+
+
+def _precision_cells(block: Mapping[str, Any]) -> list[Axes]:
+    return _product(part=block["parts"])
+
+
+def _precision_kwargs(axes: Axes, block: Mapping[str, Any], config: Mapping[str, Any]) -> dict:
+    return dict(part=axes["part"])
+
+
 STUDIES: dict[str, Study] = {
     s.name: s
     for s in (
@@ -142,6 +177,11 @@ STUDIES: dict[str, Study] = {
               _attention_cells, _attention_kwargs, _core_sources),
         Study("mha", ("embed", "heads", "seq", "variant", "kernel", "m"), "cs336sys.bench_mha:measure_mha", _mha_cells, _mha_kwargs, _mha_sources),
         Study("flash", ("seq", "d", "precision", "impl", "heads"), "cs336sys.bench_attention:measure_flash", _flash_cells, _flash_kwargs, _core_sources),
+        Study("profile", ("size", "ctx", "precision", "attn"), "cs336sys.bench_profile:measure_profile", _profile_cells, _profile_kwargs,
+              lambda axes: _lm_sources(axes) + ("bench_profile.py", "profiling.py"), artifact_kwarg="trace_dir"),
+        Study("memory", ("size", "ctx", "precision", "mode"), "cs336sys.bench_profile:measure_memory", _memory_cells, _memory_kwargs,
+              lambda axes: _LM_SOURCES + ("bench_profile.py", "memory_snapshot.py"), artifact_kwarg="snapshot_dir"),
+        Study("precision", ("part",), "cs336sys.precision:measure_precision", _precision_cells, _precision_kwargs, lambda axes: ("precision.py",)),
     )
 }  # fmt: skip
 
@@ -162,16 +202,19 @@ def grid(name: str, config: Mapping[str, Any]) -> dict[str, Axes]:
     return {cell_id(name, axes): axes for axes in s.cells(config[name])}
 
 
-def cell_settings(name: str, axes: Axes, config: Mapping[str, Any]) -> dict[str, Any]:
+def cell_settings(name: str, axes: Axes, config: Mapping[str, Any], artifact_dir: str | None = None) -> dict[str, Any]:
     """Everything a cell's job needs; Snakemake params, so any change reruns the cell."""
     s = study(name)
     block = config[name]
+    kwargs = s.kwargs(axes, block, config)
+    if s.artifact_kwarg:
+        kwargs.update({s.artifact_kwarg: artifact_dir, "cell_id": cell_id(name, axes)})
     return {
         "study": name,
         "cell_id": cell_id(name, axes),
         "axes": dict(axes),
         "target": s.target,
-        "kwargs": s.kwargs(axes, block, config),
+        "kwargs": kwargs,
         "device": config["device"],
         "timeout_s": float(block["timeout_s"]),
         "memory_fraction": config.get("memory_fraction"),

@@ -20,6 +20,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from cs336sys.annotate import annotate
+
 STEP = "step"  # the name under which the whole step's wall time is reported
 
 
@@ -77,6 +79,10 @@ class StepClock:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        with annotate(name):  # the profile study's phase ranges; free otherwise
+            yield from self._timed(name)
+
+    def _timed(self, name: str) -> Iterator[None]:
         if self._cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

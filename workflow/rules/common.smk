@@ -1,4 +1,5 @@
 # Validation, cell lists, paths and code hashes: everything the rules need, built once.
+import shutil
 import sys
 from pathlib import Path
 
@@ -69,8 +70,18 @@ def report_md():
     return f"report/{RUN}/report.md"
 
 
+def nsys_rep(cell="{cell}"):
+    return f"results/{RUN}/profile/nsys/{cell}.nsys-rep"
+
+
+NSYS = "profile" in STUDIES and config["profile"].get("nsys", False)
+if NSYS and shutil.which("nsys") is None:
+    raise WorkflowError("profile.nsys is true but no `nsys` binary is on PATH; set it to false (torch.profiler covers the study)")
+
+
 def final_outputs():
-    return [report_md()] + [study_csv(s) for s in STUDIES] + [figure_dir(s) for s in STUDIES]
+    nsys = expand(nsys_rep(), cell=GRIDS["profile"]) if NSYS else []
+    return [report_md()] + [study_csv(s) for s in STUDIES] + [figure_dir(s) for s in STUDIES] + nsys
 
 
 # --- input and params functions -------------------------------------------------------------
@@ -81,9 +92,13 @@ def _axes(study, cell):
         raise WorkflowError(f"{study} cell {cell!r} is not in this config's grid") from None
 
 
+def artifact_dir(study):
+    return f"results/{RUN}/{study}/artifacts"
+
+
 def cell_settings(study):
     def settings(wildcards):
-        return S.cell_settings(study, _axes(study, wildcards.cell), config)
+        return S.cell_settings(study, _axes(study, wildcards.cell), config, artifact_dir(study))
 
     return settings
 
@@ -101,3 +116,13 @@ def cell_resource(study, key, default):
 
 def study_cells(wildcards):
     return expand(cell_csv(wildcards.study), cell=GRIDS[wildcards.study])
+
+
+def nsys_args(wildcards):
+    """CLI flags that make `cs336sys e2e` run the same model and batch as a profile cell."""
+    kw = S.cell_settings("profile", _axes("profile", wildcards.cell), config)["kwargs"]
+    return (
+        f"--model-size {kw['size']} --context-length {kw['context_length']} --precision {kw['precision']} "
+        f"--attention {kw['attention']} --warmup-steps {kw['warmup_steps']} --measure-steps {kw['measure_steps']} "
+        f"--batch-size {kw['batch_size']} --vocab-size {kw['vocab_size']} --device cuda"
+    )
