@@ -57,7 +57,8 @@ def measure_attention(
 ) -> Iterator[dict[str, Any]]:
     fn = _core(impl, activation, device)
     set_matmul_precision(precision)
-    q, k, v = _qkv((batch_size, seq_len, d_model), precision, device, seed)
+    # (batch, 1 head, L, d): 4-D so that SDPA can pick a fused backend (3-D inputs fall back to math)
+    q, k, v = _qkv((batch_size, 1, seq_len, d_model), precision, device, seed)
     grad_out = torch.randn_like(q)
     mem: dict[str, int | None] = {}
 

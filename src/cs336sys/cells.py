@@ -58,8 +58,7 @@ class Cell:
     memory_fraction: float | None = None
 
 
-def _inject_fault(cell_id: str) -> None:
-    spec = os.environ.get(FAULT_ENV, "")
+def _inject_fault(cell_id: str, spec: str) -> None:
     if not spec:
         return
     kind, _, where = spec.partition(":")
@@ -75,7 +74,7 @@ def _inject_fault(cell_id: str) -> None:
         time.sleep(3600)
 
 
-def _child(conn, cell: Cell) -> None:
+def _child(conn, cell: Cell, fault: str) -> None:
     from cs336sys.env import environment, pick_device
     from cs336sys.memory import cap_memory, release
 
@@ -88,7 +87,7 @@ def _child(conn, cell: Cell) -> None:
             raise Skip(str(exc)) from exc
         conn.send(("env", environment(device)))
         cap_memory(cell.memory_fraction, device)
-        _inject_fault(cell.cell_id)
+        _inject_fault(cell.cell_id, fault)
         module, _, name = cell.target.partition(":")
         measure = getattr(importlib.import_module(module), name)
         for row in measure(device=device, context=context, **cell.kwargs):
@@ -97,7 +96,7 @@ def _child(conn, cell: Cell) -> None:
     except OutOfMemoryError as exc:
         if device is not None:
             release(device)
-        conn.send(("oom", (str(exc).splitlines()[0][:500], context)))
+        conn.send(("oom", (str(exc).partition("\n")[0][:500] or "CUDA out of memory", context)))
     except Skip as exc:
         conn.send(("skipped", (str(exc), context)))
     except Exception as exc:  # any measured failure becomes a row, never a crash of the workflow
@@ -107,12 +106,23 @@ def _child(conn, cell: Cell) -> None:
         conn.close()
 
 
-def _start_method() -> str:
-    # fork is fast (torch is already imported) and safe while this process has
-    # not initialised CUDA, which the runner never does: the child owns the GPU.
-    if "fork" in mp.get_all_start_methods() and not torch.cuda.is_initialized():
-        return "fork"
-    return "spawn"
+def _context(start_method: str | None):
+    """``forkserver`` (default) is safe whatever this process has done; ``fork`` is faster.
+
+    fork is only safe while this process has neither initialised CUDA nor run a
+    multi-threaded torch op (GNU OpenMP's pool does not survive a fork: the
+    child hangs), which holds for the workflow's job scripts and the CLI, so
+    they ask for it; library callers (notebooks, tests) get the safe default.
+    """
+    method = start_method or "forkserver"
+    if method == "fork" and torch.cuda.is_initialized():
+        method = "forkserver"
+    if method not in mp.get_all_start_methods():
+        method = "spawn"
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["torch", "cs336sys.cells"])
+    return ctx
 
 
 @contextlib.contextmanager
@@ -152,11 +162,16 @@ def _base_env(cell: Cell) -> dict[str, Any]:
     return env
 
 
-def run_cell(cell: Cell) -> list[dict[str, Any]]:
-    """Run ``cell`` in a child process and return its rows (at least one), each with a status."""
-    ctx = mp.get_context(_start_method())
+def run_cell(cell: Cell, start_method: str | None = None) -> list[dict[str, Any]]:
+    """Run ``cell`` in a child process and return its rows (at least one), each with a status.
+
+    ``start_method``: see :func:`_context`; pass ``"fork"`` only from a process
+    that has run no torch computation.
+    """
+    ctx = _context(start_method)
     parent_conn, child_conn = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child_conn, cell), daemon=True)
+    # The fault spec is read here: a forkserver child has the server's environment, not ours.
+    proc = ctx.Process(target=_child, args=(child_conn, cell, os.environ.get(FAULT_ENV, "")), daemon=True)
     with _main_not_reimported():
         proc.start()
     child_conn.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Sequence
 
 import yaml
@@ -37,6 +38,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where to run (auto: CUDA if present, else CPU)")
     p.add_argument("--timeout", type=float, default=1800, help="per-cell time limit in seconds (default 1800)")
@@ -54,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument("--context-length", type=_positive, default=128)
     e2e.add_argument("--batch-size", type=_positive, default=None, help="default 4 (the handout's), or the config's")
     e2e.add_argument("--vocab-size", type=_positive, default=None, help="default 10000, or the config's")
-    e2e.add_argument("--warmup-steps", type=int, default=5)
+    e2e.add_argument("--warmup-steps", type=_non_negative, default=5)
     e2e.add_argument("--measure-steps", type=_positive, default=10)
     e2e.add_argument("--precision", choices=PRECISIONS, default="fp32")
     e2e.add_argument("--attention", choices=("eager", "sdpa", "triton"), default="eager")
@@ -71,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     at.add_argument("--precision", choices=PRECISIONS, default="fp32")
     at.add_argument("--batch-size", type=_positive, default=8)
-    at.add_argument("--warmup-steps", type=int, default=5)
+    at.add_argument("--warmup-steps", type=_non_negative, default=5)
     at.add_argument("--measure-steps", type=_positive, default=100)
     _common(at)
 
@@ -84,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     mha.add_argument("--num-features", type=_positive, default=None, help="random features m (performer only)")
     mha.add_argument("--batch-size", type=_positive, default=1)
     mha.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    mha.add_argument("--warmup-steps", type=int, default=3)
+    mha.add_argument("--warmup-steps", type=_non_negative, default=3)
     mha.add_argument("--measure-steps", type=_positive, default=10)
     _common(mha)
 
@@ -104,7 +112,10 @@ def _cell_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser):
     from cs336sys.cells import Cell
 
     if args.study == "e2e":
-        config = yaml.safe_load(open(args.config)) if args.config else {}
+        try:
+            config = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
+        except OSError as exc:
+            parser.error(f"--config: cannot read {args.config}: {exc.strerror}")
         extra = config.get("extra_sizes") or {}
         sizes = known_sizes(extra)
         if args.model_size not in sizes:
@@ -166,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cell.device = "cpu"
     elif args.device == "auto":
         cell.device = "cuda"
-    frame = add_derived(rows_to_frame(run_cell(cell), cell.axes))
+    # fork is safe: this process has run no torch computation (see cells._context)
+    frame = add_derived(rows_to_frame(run_cell(cell, start_method="fork"), cell.axes))
     if args.csv:
         write_csv_atomic(frame, args.csv)
     first = frame.iloc[0]

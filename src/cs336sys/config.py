@@ -60,6 +60,14 @@ def validate_semantics(config: Mapping[str, Any]) -> None:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
 
-def validate_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
+def coerce_command_line(config: dict) -> None:
+    """``--config check_local_cuda=false`` arrives as the string 'false': make it the boolean it means."""
+    value = config.get("check_local_cuda")
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        config["check_local_cuda"] = value.lower() == "true"
+
+
+def validate_config(config: dict, schema_path: str | Path) -> None:
+    coerce_command_line(config)
     validate_schema(config, schema_path)
     validate_semantics(config)

@@ -3,13 +3,13 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(snakemake.scriptdir).parents[1] / "src"))
+sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1] / "src"))  # scriptdir is workflow/rules/../scripts
 
 from cs336sys.cells import Cell, rows_to_frame, run_cell, write_csv_atomic
 from cs336sys.jobs import log_to
 
 with log_to(snakemake.log[0]):
     cell = Cell(**snakemake.params.cell)
-    rows = run_cell(cell)
+    rows = run_cell(cell, start_method="fork")  # this job has run no torch computation
     write_csv_atomic(rows_to_frame(rows, cell.axes), snakemake.output[0])
     print(f"{cell.cell_id}: " + ", ".join(sorted({r['status'] for r in rows})))
