@@ -178,8 +178,22 @@ def events_from_profiler(prof) -> tuple[list[Range], list[Kernel]]:
     start = np.array([k.start_us for k in kernels])
     end = start + np.array([k.duration_us for k in kernels])
 
-    ranges = []
+    # Kineto mirrors a user annotation onto the GPU timeline over the kernels it
+    # launched on its own thread. The attention sub-ranges are short and launched
+    # from the main thread, so their mirrors are exact; on torch 2.11 the
+    # correlation route below lost the softmax range (seen on an H200). Phases
+    # (backward runs on autograd threads) keep the correlation route.
+    mirrored = [
+        Range(e.name, e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type == DeviceType.CUDA and e.name in ATTENTION_RANGES
+        and (getattr(e, "is_user_annotation", False) or "user_annotation" in str(getattr(e, "activity_type", "") or ""))
+    ]
+    mirrored_names = {r.name for r in mirrored}
+    ranges = list(mirrored)
     for r in cpu_ranges:
+        if r.name in mirrored_names:
+            continue
         inside = (launch >= r.time_range.start) & (launch <= r.time_range.end)
         if inside.any():  # a range that launched nothing has no device interval
             ranges.append(Range(r.name, float(start[inside].min()), float(end[inside].max())))
