@@ -1,0 +1,190 @@
+"""Triton fused attention (softmax FlashAttention-2 and ReLU) against float64 and bf16 references.
+
+Without CUDA the kernels run in Triton's interpreter, which triton.jit chooses when it decorates a
+function, triton.language's own helpers included: TRITON_INTERPRET=1 must be set before triton is
+first imported. This module sets it before importing the kernels; if triton was already imported
+without it (torch._dynamo imports triton, so another test module may have), the CPU tests rerun
+in a fresh interpreter instead (test_cpu_suite_in_subprocess). With CUDA the same small-shape tests
+run compiled on the GPU, and the @pytest.mark.gpu tests add realistic shapes in bf16.
+"""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+triton = pytest.importorskip("triton")
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+import cs336sys.triton_attention as ta  # noqa: E402
+
+INTERPRETING = ta._INTERPRET and isinstance(triton.language.standard.sum, InterpretedFunction)
+runs_here = pytest.mark.skipif(not (ON_GPU or INTERPRETING),
+                               reason="triton was imported without TRITON_INTERPRET=1: see test_cpu_suite_in_subprocess")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KERNELS = {"softmax": ta.flash_attention, "relu": ta.relu_attention_fused}
+# (batch, heads, seq, d): seq not a multiple of any tile; d = 80 pads the d block to 128;
+# seq 5 is shorter than every tile
+SMALL_SHAPES = [(2, 3, 37, 16), (1, 2, 50, 80), (2, 1, 5, 32)]
+# fp32: unit roundoff 6e-8; sums of ≤ 80 products and the online-softmax rescaling stay below
+# 1e-6 of the largest entry, so 2e-5 leaves a wide margin while a masking bug shows as O(1)
+FP32_TOL = 2e-5
+
+
+def _reference(q, k, v, is_causal: bool, activation: str):
+    """The project's eager semantics in the inputs' dtype: (out, logsumexp or None)."""
+    n = q.shape[-2]
+    s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    above = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)  # j > i
+    if activation == "softmax":
+        if is_causal:
+            s = s.masked_fill(above, float("-inf"))
+        return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)
+    p = torch.relu(s)
+    if is_causal:
+        p = p.masked_fill(above, 0.0)
+    return (p / n) @ v, None
+
+
+def _inputs(shape, dtype=torch.float32, seed=0):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    return [torch.randn(shape, generator=gen, device=DEVICE, dtype=dtype) for _ in range(4)]
+
+
+def _forward_backward(fn, q, k, v, do, is_causal):
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    out = fn(q, k, v, is_causal)
+    out.backward(do)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _assert_close(actual, expected, tol, what):
+    # error measured against the tensor's largest entry: gradients differ in scale by orders
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=tol, atol=tol * scale,
+                               msg=lambda m: f"{what}: {m}")
+
+
+# ----------------------------------------------------------------------------- small shapes
+
+@runs_here
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", SMALL_SHAPES)
+@pytest.mark.parametrize("activation", ["softmax", "relu"])
+def test_matches_float64_reference(activation, shape, is_causal):
+    q, k, v, do = _inputs(shape)
+    got = _forward_backward(KERNELS[activation], q, k, v, do, is_causal)
+    ref = _forward_backward(lambda *a: _reference(*a, activation)[0],
+                            q.double(), k.double(), v.double(), do.double(), is_causal)
+    assert got[0].dtype == torch.float32 and got[0].shape == shape
+    for name, a, e in zip(["out", "dq", "dk", "dv"], got, ref):
+        _assert_close(a, e, FP32_TOL, f"{activation} {name}")
+
+
+@runs_here
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", SMALL_SHAPES)
+def test_flash_logsumexp(shape, is_causal):
+    q, k, v, _ = _inputs(shape)
+    out, lse = ta.flash_attention_with_lse(q, k, v, is_causal)
+    ref_out, ref_lse = _reference(q.double(), k.double(), v.double(), is_causal, "softmax")
+    assert lse.dtype == torch.float32 and lse.shape == shape[:-1]
+    _assert_close(out, ref_out, FP32_TOL, "out")
+    # L ≈ log(seq) + O(1): an absolute tolerance at fp32 resolution of such values
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=1e-5)
+
+
+@runs_here
+@pytest.mark.parametrize("activation", ["softmax", "relu"])
+def test_three_dim_and_strided_inputs(activation):
+    fn = KERNELS[activation]
+    q, k, v, do = _inputs((2, 41, 3, 32))  # (batch, seq, heads, d): transposes are strided
+    qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, do))
+    got = _forward_backward(fn, qt, kt, vt, dot, True)
+    ref = _forward_backward(lambda *a: _reference(*a, activation)[0],
+                            qt.double(), kt.double(), vt.double(), dot.double(), True)
+    for name, a, e in zip(["out", "dq", "dk", "dv"], got, ref):
+        assert a.shape == e.shape
+        _assert_close(a, e, FP32_TOL, f"strided {name}")
+    # (batch, seq, d) is one head
+    q3, k3, v3, do3 = (x[:, :, 0] for x in (q, k, v, do))
+    got = _forward_backward(fn, q3, k3, v3, do3, False)
+    ref = _forward_backward(lambda *a: _reference(*a, activation)[0],
+                            q3.double(), k3.double(), v3.double(), do3.double(), False)
+    for name, a, e in zip(["out", "dq", "dk", "dv"], got, ref):
+        assert a.shape == e.shape
+        _assert_close(a, e, FP32_TOL, f"3-d {name}")
+
+
+@runs_here
+def test_rejects_mismatched_inputs():
+    q, k, v, _ = _inputs((1, 1, 8, 16))
+    with pytest.raises(ValueError):
+        ta.flash_attention(q, k[..., :4, :], v)
+    with pytest.raises(TypeError):
+        ta.relu_attention_fused(q, k.double(), v)
+
+
+@pytest.mark.skipif(ON_GPU or INTERPRETING, reason="the kernel tests run in this process")
+def test_cpu_suite_in_subprocess():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not gpu", __file__]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout
+
+
+# ----------------------------------------------------------------------------- GPU, realistic shapes
+
+def _error_budget(activation, seq, d, is_causal):
+    """flash-attention's rule: the kernel's bf16 error vs an fp32 reference is at most 2× that of
+    the eager implementation run in bf16, for the output and each gradient."""
+    q, k, v, do = _inputs((2, 4, seq, d), dtype=torch.bfloat16)
+    eager = lambda *a: _reference(*a, activation)[0]  # noqa: E731
+    ref = _forward_backward(eager, q.float(), k.float(), v.float(), do.float(), is_causal)
+    eager_bf16 = _forward_backward(eager, q, k, v, do, is_causal)
+    got = _forward_backward(KERNELS[activation], q, k, v, do, is_causal)
+    assert got[0].dtype == torch.bfloat16
+    for name, r, e, g in zip(["out", "dq", "dk", "dv"], ref, eager_bf16, got):
+        err_eager = (e.float() - r).abs().max().item()
+        err = (g.float() - r).abs().max().item()
+        assert err <= 2 * err_eager + 1e-6, f"{activation} {name}: {err:.3g} > 2 × eager bf16 {err_eager:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq,d,is_causal", [(1024, 64, True), (1024, 80, False), (2048, 128, True),
+                                             (2048, 64, False)])
+def test_flash_bf16_error_within_2x_eager(seq, d, is_causal):
+    _error_budget("softmax", seq, d, is_causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq,d,is_causal", [(1024, 64, True), (2048, 128, False)])
+def test_relu_bf16_error_within_2x_eager(seq, d, is_causal):
+    _error_budget("relu", seq, d, is_causal)
+
+
+def _peak_bytes(fn, q, k, v, do):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    _forward_backward(fn, q, k, v, do, True)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+@pytest.mark.gpu
+def test_relu_fused_memory_far_below_eager():
+    # eager materialises several (seq × seq) tensors; the fused kernels only O(seq × d) ones
+    q, k, v, do = _inputs((1, 4, 8192, 64), dtype=torch.bfloat16)
+    eager = _peak_bytes(lambda *a: _reference(*a, "relu")[0], q, k, v, do)
+    fused = _peak_bytes(ta.relu_attention_fused, q, k, v, do)
+    assert fused < eager / 4, f"fused {fused / 2**20:.0f} MiB vs eager {eager / 2**20:.0f} MiB"
