@@ -1,0 +1,19 @@
+"""Shared pytest setup: import cs336sys from src/, skip GPU tests without CUDA."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+# run from a checkout without `pip install -e .`
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,354 @@
+"""The Snakemake workflow through the `snakemake` command, on CPU (tests/workflow_helpers.py does the plumbing).
+
+Every run works in a temporary copy of the repository with cwd = the copy. The full cpu-demo preset
+runs once per module (`demo`); the rerun tests share one run of a reduced grid (`reduced`, 7 cells)
+and each inspects a dry run (`snakemake -n`) of its own clone of that finished run; failure
+injection (CS336SYS_INJECT_FAULT, see cs336sys.cells) uses attention-only grids of one or two cells.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from workflow_helpers import (
+    DEMO,
+    DEMO_RUN,
+    FAULT_ENV,
+    IMPORT_LOG_ENV,
+    add_import_hook,
+    clone_run,
+    copy_repo,
+    dry_run,
+    grid,
+    load_config,
+    markdown_section,
+    snakemake,
+    write_yaml,
+)
+
+from cs336sys.cells import ENV_COLUMNS, STATUSES
+
+# --- the full cpu-demo preset, once ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    root = copy_repo(tmp_path_factory.mktemp("demo") / "repo")
+    result = snakemake(root, "--configfile", DEMO)
+    return root, result, load_config(root, DEMO)
+
+
+def _require_success(result):
+    assert result.returncode == 0, f"the workflow failed:\n{result.describe()}"
+
+
+@pytest.mark.slow
+def test_cpu_demo_runs_end_to_end(demo):
+    root, result, config = demo
+    _require_success(result)
+    assert config["run"] == DEMO_RUN
+    missing = []
+    for study in config["studies"]:
+        csv = root / "results" / DEMO_RUN / f"{study}.csv"
+        figures = sorted((root / "report" / DEMO_RUN / "figures" / study).glob("*.png"))
+        if not csv.is_file() or csv.stat().st_size == 0:
+            missing.append(f"{csv.relative_to(root)} (merged CSV)")
+        if not figures:
+            missing.append(f"report/{DEMO_RUN}/figures/{study}/*.png (no figure)")
+    assert not missing, "missing outputs:\n  " + "\n  ".join(missing)
+    assert (root / "report" / DEMO_RUN / "report.md").is_file()
+
+
+@pytest.mark.slow
+def test_cpu_demo_merged_csvs_keep_every_cell_status_and_environment(demo):
+    root, _, config = demo
+    for study in config["studies"]:
+        df = pd.read_csv(root / "results" / DEMO_RUN / f"{study}.csv")
+        missing = [c for c in ["study", "cell_id", "status", "error", *ENV_COLUMNS] if c not in df.columns]
+        assert not missing, f"{study}.csv lacks columns {missing}"
+        assert set(df["cell_id"]) == set(grid(config, study)), f"{study}.csv does not hold exactly the grid's cells"
+        assert set(df["status"]) <= set(STATUSES), f"{study}.csv: unknown statuses {set(df['status']) - set(STATUSES)}"
+        broken = df[df["status"].isin(["error", "timeout"])]
+        assert broken.empty, f"{study}: cells failed in the CPU demo:\n{broken[['cell_id', 'status', 'error']].to_string()}"
+
+
+@pytest.mark.slow
+def test_cpu_demo_report_has_a_section_per_study(demo):
+    root, _, config = demo
+    text = (root / "report" / DEMO_RUN / "report.md").read_text()
+    for study in config["studies"]:
+        assert f"## Study `{study}`" in text, f"report.md has no section for {study}"
+
+
+@pytest.mark.slow
+def test_cpu_demo_html_report(demo):
+    root, result, _ = demo
+    _require_success(result)
+    html = root / "report.html"
+    r = snakemake(root, "--report", str(html), "--configfile", DEMO)
+    assert r.returncode == 0, r.describe()
+    assert html.is_file() and html.stat().st_size > 1000, r.describe()
+    assert "<html" in html.read_text(errors="replace")[:5000].lower()
+
+
+@pytest.mark.slow
+def test_cpu_demo_second_invocation_runs_nothing(demo):
+    root, result, _ = demo
+    _require_success(result)
+    again = dry_run(root, DEMO)
+    assert again.nothing_to_do, again.describe()
+
+
+# --- a reduced grid for the rerun tests ----------------------------------------------------------
+
+REDUCED_FILE = "config/test-reduced.yaml"
+REDUCED_STUDIES = ["e2e", "warmup", "attention", "mha", "flash"]
+REDUCED = {  # over config/cpu-demo.yaml: 1-2 cells per study, mha with an exact and a performer cell
+    "studies": REDUCED_STUDIES,
+    "e2e": {"sizes": ["tiny"], "context_lengths": [32], "precisions": ["fp32"], "attention": ["eager"], "compile": [False]},
+    "warmup": {"warmup_steps": [0]},
+    "attention": {"d_model": [16], "seq_len": [64], "activation": ["softmax", "relu"], "impl": ["eager"], "causal": [True],
+                  "precisions": ["fp32"]},
+    "mha": {"embed_dim": [32], "num_heads": [4], "seq_len": [64], "variants": ["exact-eager", "performer"], "kernels": ["relu"],
+            "num_features": [16]},
+    "flash": {"seq_len": [64], "head_dim": [16], "precisions": ["fp32"], "impl": ["eager"], "leaderboard": None},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reduced(tmp_path_factory):
+    root = copy_repo(tmp_path_factory.mktemp("reduced") / "repo")
+    write_yaml(root / REDUCED_FILE, REDUCED)
+    result = snakemake(root, "--configfile", DEMO, REDUCED_FILE)
+    assert result.returncode == 0, f"the reduced workflow failed:\n{result.describe()}"
+    return root
+
+
+@pytest.fixture
+def rerun(reduced, tmp_path):
+    """A private clone of the finished reduced run, to edit and dry-run."""
+    return clone_run(reduced, tmp_path / "repo")
+
+
+def _cells(root: Path, predicate=lambda study, axes: True) -> set[tuple[str, str]]:
+    config = load_config(root, DEMO, REDUCED_FILE)
+    return {(f"{s}_cell", cid) for s in config["studies"] for cid, axes in grid(config, s).items() if predicate(s, axes)}
+
+
+@pytest.mark.slow
+def test_rerun_nothing_on_second_invocation(rerun):
+    run = dry_run(rerun, DEMO, REDUCED_FILE)
+    assert run.nothing_to_do, run.describe()
+
+
+@pytest.mark.slow
+def test_rerun_touching_sources_reruns_nothing(rerun):
+    now = time.time() + 5
+    touched = [rerun / "Snakefile", *(rerun / "workflow" / "rules").glob("*.smk")]
+    for folder in (rerun / "src", rerun / "workflow" / "scripts"):
+        touched += [p for p in folder.rglob("*") if p.is_file()]
+    for path in touched:
+        os.utime(path, (now, now))
+    run = dry_run(rerun, DEMO, REDUCED_FILE)
+    assert run.nothing_to_do, run.describe()
+
+
+@pytest.mark.slow
+def test_rerun_after_editing_attention_py(rerun):
+    with open(rerun / "src" / "cs336sys" / "attention.py", "a") as f:
+        f.write("\n# edited by tests/test_workflow.py\n")
+    run = dry_run(rerun, DEMO, REDUCED_FILE)
+
+    performer = _cells(rerun, lambda s, axes: s == "mha" and axes["variant"] == "performer")
+    expected = _cells(rerun) - performer  # e2e, warmup, attention, flash and the exact mha cells all run attention.py
+    assert performer, "the reduced grid should hold mha performer cells"
+    assert {r for r, _ in expected} >= {"e2e_cell", "warmup_cell", "attention_cell", "mha_cell"}
+    assert run.cells() == expected, (
+        f"unexpected cells: {sorted(run.cells() - expected)}\nmissing cells: {sorted(expected - run.cells())}\n{run.describe()}"
+    )
+    assert not run.cells() & performer
+    for job in run.jobs:
+        if job.rule.endswith("_cell"):
+            assert "params" in job.reason.lower(), f"{job.rule} {job.wildcards} reran for another reason: {job.reason}"
+    assert run.studies("merge") == set(REDUCED_STUDIES), run.describe()
+    assert run.studies("plots") == set(REDUCED_STUDIES), run.describe()
+    assert run.counts()["report"] == 1 and run.counts()["all"] == 1, run.describe()
+
+
+@pytest.mark.slow
+def test_rerun_after_editing_plot_script_reruns_only_plots_and_report(rerun):
+    with open(rerun / "workflow" / "scripts" / "plot.py", "a") as f:
+        f.write("\n# edited by tests/test_workflow.py\n")
+    run = dry_run(rerun, DEMO, REDUCED_FILE)
+    assert run.rules() == {"plots", "report", "all"}, run.describe()
+    assert run.studies("plots") == set(REDUCED_STUDIES), run.describe()
+    assert not run.cells(), run.describe()
+
+
+@pytest.mark.slow
+def test_rerun_after_adding_a_grid_value_runs_only_the_new_cells(rerun):
+    before = _cells(rerun)
+    bigger = {**REDUCED, "attention": {**REDUCED["attention"], "seq_len": [64, 128]}}
+    write_yaml(rerun / REDUCED_FILE, bigger)
+    new = _cells(rerun) - before
+    assert new and {r for r, _ in new} == {"attention_cell"}
+
+    run = dry_run(rerun, DEMO, REDUCED_FILE)
+    assert run.cells() == new, f"expected only the new cells {sorted(new)}\n{run.describe()}"
+    assert run.rules() == {"attention_cell", "merge", "plots", "report", "all"}, run.describe()
+    assert run.studies("merge") == {"attention"} and run.studies("plots") == {"attention"}, run.describe()
+
+
+# --- failures become data ------------------------------------------------------------------------
+
+FAULT_FILE = "config/test-fault.yaml"
+ATTENTION_ONLY = {
+    "studies": ["attention"],
+    "attention": {"d_model": [16], "seq_len": [64], "activation": ["softmax", "relu"], "impl": ["eager"], "causal": [True],
+                  "precisions": ["fp32"]},
+}  # fmt: skip
+
+
+def _fault_run(tmp_path_factory, name: str, fault: str, override: dict, import_log: bool = False):
+    root = copy_repo(tmp_path_factory.mktemp(name) / "repo")
+    write_yaml(root / FAULT_FILE, override)
+    env = {FAULT_ENV: fault}
+    if import_log:
+        add_import_hook(root)
+        env[IMPORT_LOG_ENV] = str(root.parent / "imports.log")
+    result = snakemake(root, "--configfile", DEMO, FAULT_FILE, env=env)
+    return root, result
+
+
+def _merged(root: Path, study: str) -> pd.DataFrame:
+    df = pd.read_csv(root / "results" / DEMO_RUN / f"{study}.csv")
+    df["error"] = df["error"].fillna("")
+    return df
+
+
+def _failure_lines(root: Path) -> list[str]:
+    text = (root / "report" / DEMO_RUN / "report.md").read_text()
+    section = markdown_section(text, "Failed")
+    assert section, "report.md has no 'Failed …' section"
+    return section.splitlines()
+
+
+@pytest.fixture(scope="module")
+def oom_run(tmp_path_factory):
+    return _fault_run(tmp_path_factory, "oom", "oom:act=relu", ATTENTION_ONLY, import_log=True)
+
+
+@pytest.mark.slow
+def test_injected_oom_is_a_row_and_the_workflow_finishes(oom_run):
+    root, result = oom_run
+    _require_success(result)
+    df = _merged(root, "attention")
+    relu, softmax = df[df["cell_id"].str.contains("act=relu")], df[df["cell_id"].str.contains("act=softmax")]
+    assert not relu.empty and set(relu["status"]) == {"oom"}, df[["cell_id", "status", "error"]].to_string()
+    assert relu["error"].str.contains("out of memory", case=False).all()
+    assert not softmax.empty and set(softmax["status"]) == {"ok"}, df[["cell_id", "status", "error"]].to_string()
+    assert all(c in df.columns for c in ENV_COLUMNS)
+
+    (cell,) = set(relu["cell_id"])
+    lines = _failure_lines(root)
+    assert any(cell in line and "oom" in line for line in lines), "\n".join(lines)
+    assert not any(softmax["cell_id"].iloc[0] in line for line in lines)
+
+
+@pytest.mark.slow
+def test_jobs_import_the_checkouts_own_library(oom_run):
+    """Job scripts must import the copy's src/, not an installed cs336sys: the code hashes are of the copy."""
+    root, result = oom_run
+    _require_success(result)
+    log = root.parent / "imports.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    paths = {line.split(" ", 1)[1] for line in lines}
+    own = root / "src" / "cs336sys" / "__init__.py"
+    assert paths <= {str(own)}, f"processes imported another cs336sys: {paths - {str(own)}}"
+    # the Snakefile's parse, plus one import per script job: 2 cells, merge, plots, report
+    assert len({line.split(" ", 1)[0] for line in lines}) >= 1 + 5, (
+        f"only {len(lines)} processes imported {own}; the job scripts imported a cs336sys from elsewhere "
+        "(workflow/scripts/*.py put Path(snakemake.scriptdir).parents[1] / 'src' on sys.path)"
+    )
+
+
+@pytest.mark.slow
+def test_injected_abort_is_an_error_row_naming_sigabrt(tmp_path_factory):
+    root, result = _fault_run(tmp_path_factory, "abort", "abort:act=relu", ATTENTION_ONLY)
+    _require_success(result)
+    df = _merged(root, "attention")
+    relu = df[df["cell_id"].str.contains("act=relu")]
+    assert not relu.empty and set(relu["status"]) == {"error"}, df[["cell_id", "status", "error"]].to_string()
+    assert relu["error"].str.contains("SIGABRT").all(), relu["error"].tolist()
+    assert set(df.loc[df["cell_id"].str.contains("act=softmax"), "status"]) == {"ok"}
+    (cell,) = set(relu["cell_id"])
+    assert any(cell in line and "error" in line for line in _failure_lines(root))
+
+
+@pytest.mark.slow
+def test_a_study_whose_every_cell_failed_is_still_merged_plotted_and_reported(tmp_path_factory):
+    """On a small GPU every cell of a study can run out of memory; the workflow must still finish."""
+    override = {
+        "studies": ["e2e", "attention"],
+        "e2e": {"sizes": ["tiny"], "context_lengths": [32], "precisions": ["fp32"], "attention": ["eager"], "compile": [False]},
+        "attention": {**ATTENTION_ONLY["attention"], "activation": ["softmax"]},
+    }
+    root, result = _fault_run(tmp_path_factory, "allfail", "oom:precision=fp32", override)  # matches every cell
+    _require_success(result)
+    text = (root / "report" / DEMO_RUN / "report.md").read_text()
+    lines = _failure_lines(root)
+    for study in override["studies"]:
+        df = _merged(root, study)
+        assert not df.empty and set(df["status"]) == {"oom"}, df[["cell_id", "status", "error"]].to_string()
+        assert (root / "report" / DEMO_RUN / "figures" / study).is_dir()
+        assert f"## Study `{study}`" in text
+        for cell in set(df["cell_id"]):
+            assert any(cell in line and "oom" in line for line in lines), f"{cell} not in the failure list"
+
+
+# --- parse-time checks (fast) ----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the default GPU config is valid here")
+def test_default_config_without_cuda_points_to_the_cpu_demo(tmp_path):
+    root = copy_repo(tmp_path / "repo")
+    r = snakemake(root, "-n", timeout=600)
+    assert r.returncode != 0, r.describe()
+    assert "--configfile config/cpu-demo.yaml" in r.output, r.describe()
+    assert not (root / "results").exists()
+
+
+# Lint categories we accept, each with the reason; any other category fails the test.
+ACCEPTED_LINTS = {
+    # cells must run in the user's own CUDA/torch build (DESIGN: users bring their own CUDA build);
+    # a conda env or container per rule would pin one.
+    "Specify a conda environment or container for each rule.",
+}
+
+
+def test_snakemake_lint(tmp_path):
+    root = copy_repo(tmp_path / "repo")
+    r = snakemake(root, "--lint", "--configfile", DEMO, timeout=600)
+    assert "Traceback" not in r.output and "WorkflowError" not in r.output, r.describe()
+    findings: dict[str, list[str]] = {}
+    where = "?"
+    for line in r.output.splitlines():
+        m = re.match(r"^Lints for (.+?)(?: \(line.*)?:$", line)
+        if m:
+            where = m.group(1)
+            continue
+        m = re.match(r"^\s+\* (.+?):?$", line)
+        if m:
+            findings.setdefault(m.group(1).rstrip(":"), []).append(where)
+    print("snakemake --lint findings:", *(f"  {k}: {v}" for k, v in findings.items()), sep="\n")
+    assert r.returncode in (0, 1), r.describe()
+    assert r.returncode == 0 or findings, f"lint failed without findings:\n{r.describe()}"
+    assert "Mixed rules and functions" not in r.output
+    unexpected = {k: v for k, v in findings.items() if k not in ACCEPTED_LINTS}
+    assert not unexpected, f"new lint findings: {unexpected}\n{r.describe()}"
