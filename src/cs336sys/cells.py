@@ -109,10 +109,12 @@ def _child(conn, cell: Cell, fault: str) -> None:
 def _context(start_method: str | None):
     """``forkserver`` (default) is safe whatever this process has done; ``fork`` is faster.
 
-    fork is only safe while this process has neither initialised CUDA nor run a
-    multi-threaded torch op (GNU OpenMP's pool does not survive a fork: the
-    child hangs), which holds for the workflow's job scripts and the CLI, so
-    they ask for it; library callers (notebooks, tests) get the safe default.
+    fork is only safe while this process has neither touched CUDA (even
+    ``torch.cuda.is_available()`` marks a process so that a forked child cannot
+    initialise CUDA) nor run a multi-threaded torch op (GNU OpenMP's pool does
+    not survive a fork: the child hangs). That holds for the workflow's job
+    scripts and the CLI, so they ask for it; library callers (notebooks, tests)
+    get the safe default.
     """
     method = start_method or "forkserver"
     if method == "fork" and torch.cuda.is_initialized():

@@ -167,18 +167,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--memory-fraction must be in (0, 1]")
     cell = _cell_from_args(args, parser)
 
-    import torch
-
     from cs336sys.cells import rows_to_frame, run_cell, write_csv_atomic
     from cs336sys.metrics import add_derived
 
-    if args.device == "auto" and not torch.cuda.is_available():
-        print("note: no CUDA device found; running on CPU (memory columns stay empty)", file=sys.stderr)
-        cell.device = "cpu"
-    elif args.device == "auto":
-        cell.device = "cuda"
-    # fork is safe: this process has run no torch computation (see cells._context)
+    # The child resolves --device auto: asking torch.cuda here would poison a fork
+    # (torch marks a process that queried CUDA), and fork is otherwise safe because
+    # this process has run no torch computation (see cells._context).
     frame = add_derived(rows_to_frame(run_cell(cell, start_method="fork"), cell.axes))
+    if args.device == "auto" and (frame.get("device") == "cpu").all():
+        print("note: no CUDA device found; running on CPU (memory columns stay empty)", file=sys.stderr)
     if args.csv:
         write_csv_atomic(frame, args.csv)
     first = frame.iloc[0]

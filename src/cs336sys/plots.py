@@ -72,9 +72,10 @@ def draw_lines(
             color = colors.get(tuple(key), "black")
             ax.plot(part[x], np.full(len(part), 0.96), FAIL_MARKERS.get(status, "x"), color=color, ms=8, mew=2,
                     transform=top, label=f"{status}: {_label(tuple(key), groups)}", clip_on=False)  # fmt: skip
-    if logx:
+    # log scales only over drawn data: an axis holding nothing cannot be log-scaled
+    if logx and (not df.empty or (failed is not None and not failed.empty)):
         ax.set_xscale("log", base=2)
-    if logy:
+    if logy and not df.empty:
         ax.set_yscale("log")
     ax.set_xlabel(x)
     ax.set_ylabel(y)
@@ -93,8 +94,19 @@ def _failed(df: pd.DataFrame, **where) -> pd.DataFrame:
 def _ok(df: pd.DataFrame, **where) -> pd.DataFrame:
     out = df[df["status"] == OK] if "status" in df else df
     for col, value in where.items():
-        out = out[out[col] == value]
+        out = out[out[col] == value] if col in out else out.iloc[0:0]
     return out
+
+
+def plot_no_cells(df: pd.DataFrame, path: Path, run: str, study: str) -> Path:
+    """Stand-in figure for a study none of whose cells ran, naming why."""
+    fig, ax = plt.subplots(figsize=(7, 2.4))
+    ax.axis("off")
+    reasons = df.drop_duplicates(subset=["status", "error"]) if not df.empty else df
+    lines = [f"{r.status}: {str(r.error)[:110]}" for r in reasons.itertuples()][:6] or ["no cells in the grid"]
+    ax.text(0.01, 0.95, "No cell of this study ran:\n" + "\n".join(lines), va="top", family="monospace", fontsize=7, transform=ax.transAxes)
+    _title(fig, run, df, f"study {study}")
+    return _save(fig, path)
 
 
 # --- e2e -----------------------------------------------------------------------------------------
@@ -261,8 +273,8 @@ def plot_study(study: str, df: pd.DataFrame, outdir: Path, run: str) -> list[Pat
     outdir.mkdir(parents=True, exist_ok=True)
     plt.rcParams.update(STYLE)
     jobs: list[tuple[str, Callable[[Path], Path]]] = []
-    if df.empty:
-        pass
+    if df.empty or not (df["status"] == OK).any():
+        jobs.append(("no_cell_ran", lambda p: plot_no_cells(df, p, run, study)))
     elif study == "e2e":
         jobs += [(f"times_attn-{a}", lambda p, a=a: plot_e2e_times(df, p, run, a)) for a in sorted(df["attn"].unique())]
         jobs += [("bf16_speedup", lambda p: plot_e2e_speedup(df, p, run)), ("mfu", lambda p: plot_e2e_mfu(df, p, run))]

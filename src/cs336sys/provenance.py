@@ -22,10 +22,10 @@ def file_hash(path: str | Path) -> str:
 
 
 def code_hash(files: Iterable[str | Path]) -> str:
-    """One hash over the contents (and names) of ``files``; package-relative names are resolved in cs336sys/."""
+    """One hash over the contents (and names) of ``files``; bare names are modules of cs336sys/."""
     digest = hashlib.sha256()
     for name in sorted(set(map(str, files))):
-        path = Path(name) if Path(name).is_absolute() or Path(name).exists() else PACKAGE_DIR / name
+        path = Path(name) if Path(name).is_absolute() else PACKAGE_DIR / name
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]

@@ -204,7 +204,7 @@ def write_report(out: Path, run: str, studies: Sequence[str], csvs: Sequence[Pat
         lines += [f"## Study `{name}`", "", "Grid:", "", "```yaml", yaml.safe_dump({name: config.get(name)}, sort_keys=False).strip(), "```", ""]
         if name not in NO_CELL_TABLE:
             lines += ["Per cell (median (mean ± std) ms per mode and phase):", "", _md(cell_table(df, axes)), ""]
-        if name in FINDINGS and not df.empty:
+        if name in FINDINGS and not df.empty and (df["status"] == "ok").any():
             lines += ["### Findings", "", FINDINGS[name](df), ""]
         lines += ["### Figures", "", _figures(fig_dir, report_dir), ""]
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -112,7 +112,8 @@ def _mha_kwargs(axes: Axes, block: Mapping[str, Any], config: Mapping[str, Any])
 
 def _mha_sources(axes: Axes) -> tuple[str, ...]:
     # Performer cells do not run the exact cores: editing attention.py leaves them alone.
-    return ("bench_mha.py", "mha.py") + (("performer.py",) if axes["variant"] == "performer" else ("attention.py",))
+    # mha.py imports performer.py, so every mha cell hashes it; only exact cells run attention.py.
+    return ("bench_mha.py", "mha.py", "performer.py") + (() if axes["variant"] == "performer" else ("attention.py",))
 
 
 # --- flash: fused kernels vs SDPA backends -------------------------------------------------------
@@ -180,7 +181,8 @@ STUDIES: dict[str, Study] = {
         Study("profile", ("size", "ctx", "precision", "attn"), "cs336sys.bench_profile:measure_profile", _profile_cells, _profile_kwargs,
               lambda axes: _lm_sources(axes) + ("bench_profile.py", "profiling.py"), artifact_kwarg="trace_dir"),
         Study("memory", ("size", "ctx", "precision", "mode"), "cs336sys.bench_profile:measure_memory", _memory_cells, _memory_kwargs,
-              lambda axes: _LM_SOURCES + ("bench_profile.py", "memory_snapshot.py"), artifact_kwarg="snapshot_dir"),
+              # the attention implementation is a section-level setting here, so the Triton file is always hashed
+              lambda axes: _LM_SOURCES + ("triton_attention.py", "bench_profile.py", "memory_snapshot.py"), artifact_kwarg="snapshot_dir"),
         Study("precision", ("part",), "cs336sys.precision:measure_precision", _precision_cells, _precision_kwargs, lambda axes: ("precision.py",)),
     )
 }  # fmt: skip

@@ -33,8 +33,8 @@ GRIDS = {study: S.grid(study, config) for study in STUDIES}
 SCRIPTS = Path(workflow.basedir) / "workflow/scripts"
 SCRIPT_HASH = {p.name: file_hash(p) for p in SCRIPTS.glob("*.py")}
 MERGE_CODE = code_hash(["results.py", "metrics.py", "cells.py"])
-PLOT_CODE = code_hash(["plots.py", "results.py"])
-REPORT_CODE = code_hash(["report.py", "findings.py", "results.py", "metrics.py", "flops.py"])
+PLOT_CODE = code_hash(["plots.py", "results.py", "memory_snapshot.py"])
+REPORT_CODE = code_hash(["report.py", "findings.py", "results.py", "metrics.py", "flops.py", "profiling.py", "studies.py"])
 
 
 wildcard_constraints:
