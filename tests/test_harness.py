@@ -353,3 +353,14 @@ def test_measure_e2e_bf16_forward_only_and_bad_arguments():
         next(measure_e2e(CPU, {}, size="tiny", context_length=8, precision="fp32", modes=("bogus",), extra_sizes=TINY_EXTRA))
     with pytest.raises(Skip):
         next(measure_e2e(CPU, {}, size="tiny", context_length=8, precision="fp32", attention="triton", extra_sizes=TINY_EXTRA))
+
+
+def test_git_commit_can_be_named_where_the_tree_has_no_git(monkeypatch):
+    from cs336sys import env
+
+    env.git_commit.cache_clear()
+    monkeypatch.setenv("CS336SYS_GIT_COMMIT", "abc123def456")
+    try:
+        assert env.environment(torch.device("cpu"))["git_commit"] == "abc123def456"
+    finally:
+        env.git_commit.cache_clear()

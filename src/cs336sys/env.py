@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import os
 import platform
 import socket
 import subprocess
@@ -14,7 +15,13 @@ import torch
 
 @functools.lru_cache(maxsize=1)
 def git_commit() -> str:
-    """The checkout's commit (``+dirty`` when the tree has changes), or '' outside git."""
+    """The checkout's commit (``+dirty`` when the tree has changes), or '' outside git.
+
+    ``CS336SYS_GIT_COMMIT`` names it where the tree was copied without ``.git``
+    (e.g. to a GPU machine).
+    """
+    if os.environ.get("CS336SYS_GIT_COMMIT"):
+        return os.environ["CS336SYS_GIT_COMMIT"]
     root = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
