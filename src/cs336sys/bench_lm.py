@@ -36,6 +36,16 @@ def random_batch(batch_size: int, context_length: int, vocab_size: int, device: 
     return tokens[:, :-1], tokens[:, 1:]  # inputs and next-token targets
 
 
+def setup_lm(device, size, context_length, precision, attention, batch_size, vocab_size, extra_sizes, seed):
+    """Seeded model and batch of one LM cell: (size spec, model, inputs, targets)."""
+    spec = resolve_size(size, extra_sizes)
+    torch.manual_seed(seed)
+    set_matmul_precision(precision)
+    model = build_lm(spec, vocab_size, context_length, attention, device)
+    inputs, targets = random_batch(batch_size, context_length, vocab_size, device)
+    return spec, model, inputs, targets
+
+
 def train_step_fn(model, run_model, optimizer, inputs, targets, precision: str, device: torch.device, memory_log: dict):
     """The training step every LM study times (e2e, warmup, profile, memory)."""
 
@@ -84,17 +94,13 @@ def measure_e2e(
     extra_sizes: Mapping[str, Mapping[str, int]] | None = None,
     seed: int = 0,
 ) -> Iterator[dict[str, Any]]:
-    spec = resolve_size(size, extra_sizes)
     if needs_cuda(attention) and device.type != "cuda":
         raise Skip(f"attention {attention!r} needs CUDA")
     unknown = set(modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown modes {sorted(unknown)}; known: {', '.join(MODES)}")
-    torch.manual_seed(seed)
-    set_matmul_precision(precision)
-    model = build_lm(spec, vocab_size, context_length, attention, device)
+    spec, model, inputs, targets = setup_lm(device, size, context_length, precision, attention, batch_size, vocab_size, extra_sizes, seed)
     run_model = torch.compile(model) if compile else model
-    inputs, targets = random_batch(batch_size, context_length, vocab_size, device)
     fwd = lm_forward_flops(spec, batch_size, context_length, vocab_size)
     common = {
         "batch_size": batch_size,

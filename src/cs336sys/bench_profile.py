@@ -23,23 +23,12 @@ import pandas as pd
 import torch
 
 from cs336sys import memory
-from cs336sys.bench_lm import build_lm, inference_step_fn, random_batch, train_step_fn
+from cs336sys.bench_lm import inference_step_fn, setup_lm, train_step_fn
 from cs336sys.cells import Skip
-from cs336sys.dtypes import set_matmul_precision
 from cs336sys.optim import make_optimizer
-from cs336sys.sizes import resolve_size
 from cs336sys.timing import StepClock, time_steps
 
 TIMELINE_POINTS = 1500  # per cell; enough for a figure, small enough for a CSV
-
-
-def _setup(device, size, context_length, precision, attention, batch_size, vocab_size, extra_sizes, seed):
-    spec = resolve_size(size, extra_sizes)
-    torch.manual_seed(seed)
-    set_matmul_precision(precision)
-    model = build_lm(spec, vocab_size, context_length, attention, device)
-    inputs, targets = random_batch(batch_size, context_length, vocab_size, device)
-    return spec, model, inputs, targets
 
 
 def _steps(model, inputs, targets, precision, device, optimizer, log):
@@ -72,7 +61,7 @@ def measure_profile(
 ) -> Iterator[dict[str, Any]]:
     from cs336sys import profiling
 
-    _, model, inputs, targets = _setup(device, size, context_length, precision, attention, batch_size, vocab_size, extra_sizes, seed)
+    _, model, inputs, targets = setup_lm(device, size, context_length, precision, attention, batch_size, vocab_size, extra_sizes, seed)
     device_kind = "cuda" if device.type == "cuda" else "cpu (CPU activities only: no GPU timeline)"
     for mode, step in _steps(model, inputs, targets, precision, device, optimizer, {}).items():
         context["mode"] = mode
@@ -125,7 +114,7 @@ def measure_memory(
     from cs336sys import memory_snapshot as snap
 
     context["mode"] = mode
-    spec, model, inputs, targets = _setup(device, size, context_length, precision, attention, batch_size, vocab_size, extra_sizes, seed)
+    spec, model, inputs, targets = setup_lm(device, size, context_length, precision, attention, batch_size, vocab_size, extra_sizes, seed)
     log: dict[str, int | None] = {}
     step = _steps(model, inputs, targets, precision, device, optimizer, log)[mode]
     for _ in range(warmup_steps):
