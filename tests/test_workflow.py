@@ -352,3 +352,24 @@ def test_snakemake_lint(tmp_path):
     assert "Mixed rules and functions" not in r.output
     unexpected = {k: v for k, v in findings.items() if k not in ACCEPTED_LINTS}
     assert not unexpected, f"new lint findings: {unexpected}\n{r.describe()}"
+
+
+def test_nsys_reports_are_jobs_only_when_asked_for_and_nsys_exists(tmp_path):
+    """profile.nsys adds one .nsys-rep job per profile cell; without nsys on PATH it stops at parse time."""
+    root = copy_repo(tmp_path / "repo")
+    override = write_yaml(root / "nsys.yaml", {"studies": ["profile"], "profile": {"nsys": True}})
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nsys").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "nsys").chmod(0o755)
+    with_nsys = {"PATH": f"{fake}:{os.environ['PATH']}"}
+    run = dry_run(root, "config/cpu-demo.yaml", override, env=with_nsys)
+    counts = dict(run.counts())
+    assert counts.get("profile_nsys") == counts.get("profile_cell") == 1, run.describe()
+
+    without = {"PATH": ":".join(p for p in os.environ["PATH"].split(":") if not (Path(p) / "nsys").exists())}
+    r = snakemake(root, "-n", "--configfile", "config/cpu-demo.yaml", override, env=without)
+    assert r.returncode != 0 and "nsys" in r.output, r.describe()
+
+    plain = dry_run(root, "config/cpu-demo.yaml", env=with_nsys)
+    assert "profile_nsys" not in dict(plain.counts()), plain.describe()
