@@ -188,7 +188,8 @@ def plot_mha_grid(df: pd.DataFrame, path: Path, run: str, embed: int, kernel: st
     data = df[(df["embed"] == embed) & (df["kernel"] == kernel)]
     heads = sorted(data["heads"].unique())
     ms = sorted(m for m in data["m"].unique() if m > 0) or [0]
-    fig, axes = plt.subplots(len(heads), len(ms), figsize=(3.6 * len(ms), 3 * len(heads)), squeeze=False)
+    # at least ~6.5 in wide, or a single panel's title is cut off
+    fig, axes = plt.subplots(len(heads), len(ms), figsize=(max(3.6 * len(ms), 6.5), 3.2 * len(heads)), squeeze=False)
     for i, h in enumerate(heads):
         for j, m in enumerate(ms):
             ax = axes[i][j]
