@@ -85,3 +85,15 @@ def test_profile_answers_from_a_kernel_table():
     assert answers["train_matmul_share"] == pytest.approx(4500 / 5000)
     non_mm = F.non_matmul_kernels(pd.DataFrame(rows))
     assert non_mm["kernel"].tolist() == ["softmax_warp_forward"]
+
+
+def test_same_top_kernel_compares_full_names_not_their_shortened_display():
+    prefix = "void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_" + "x" * 60
+    common = dict(cell_id="c", status="ok", profiled_steps=1, device_kind="cuda", kind="kernel", mode="train")
+    rows = [
+        dict(phase="forward", kernel=prefix + "_nn", calls=1, total_us=10.0, share_of_phase=1.0, **common),
+        dict(phase="backward", kernel=prefix + "_nt", calls=1, total_us=30.0, share_of_phase=1.0, **common),
+    ]
+    answers = F.profile_answers(pd.DataFrame(rows)).iloc[0]
+    assert answers["forward_top_kernel"] == answers["fwd+bwd_top_kernel"]  # same 90-character display
+    assert not bool(answers["same_top_kernel"])

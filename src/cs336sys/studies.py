@@ -48,9 +48,8 @@ def _lm_sources(axes: Axes) -> tuple[str, ...]:
 
 
 def _e2e_cells(block: Mapping[str, Any]) -> list[Axes]:
-    cells = _product(size=block["sizes"], ctx=block["context_lengths"], precision=block["precisions"],
-                     attn=block["attention"], compile=[_flag(c) for c in block["compile"]])  # fmt: skip
-    return cells
+    return _product(size=block["sizes"], ctx=block["context_lengths"], precision=block["precisions"],
+                    attn=block["attention"], compile=[_flag(c) for c in block["compile"]])  # fmt: skip
 
 
 def _lm_kwargs(axes: Axes, block: Mapping[str, Any], config: Mapping[str, Any], warmup: int | None = None) -> dict:
