@@ -2,18 +2,17 @@
 #   GPU box:     snakemake                  (profiles/default: one GPU job at a time)
 #   no GPU:      snakemake --configfile config/cpu-demo.yaml
 #   package it:  snakemake --report report.html
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
 configfile: "config.yaml"
 
 
 include: "workflow/rules/common.smk"
-include: "workflow/rules/e2e.smk"
-include: "workflow/rules/warmup.smk"
-include: "workflow/rules/attention.smk"
-include: "workflow/rules/mha.smk"
-include: "workflow/rules/flash.smk"
-include: "workflow/rules/profile.smk"
-include: "workflow/rules/memory.smk"
-include: "workflow/rules/precision.smk"
+include: "workflow/rules/cells.smk"
+include: "workflow/rules/nsys.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -1,187 +1,181 @@
-"""``cs336sys``: run one benchmark cell and print a markdown table.
+"""``cs336sys``: measure one cell of a study and print its rows as a table.
 
-    cs336sys e2e --model-size small --context-length 128 --precision bf16 [--only-forward] [--attention sdpa] [--compile]
-    cs336sys attention --d-model 64 --seq-len 4096 --activation relu --impl eager
-    cs336sys mha --embed-dim 256 --num-heads 8 --seq-len 1024 --variant performer --kernel relu --num-features 128
+Every subcommand is a study from the registry; its flags are the study's axes
+(one value each) and settings, named as in the config and the CSV columns, with
+the schema's defaults. The cell is validated by the workflow's schema, gets the
+workflow's cell id and runs through the same cell runner, so an OOM is a row.
+
+Seconds on a CPU:
+    cs336sys e2e --size tiny-cpu --context-length 32 --measure-steps 3 --device cpu
+    cs336sys attention --d-model 16 --seq-len 128 --measure-steps 5 --device cpu
+On a GPU:
+    cs336sys e2e --size small --context-length 512 --precision bf16 --impl sdpa
+    cs336sys attention --d-model 64 --seq-len 4096 --activation relu
+    cs336sys mha --embed-dim 256 --num-heads 8 --seq-len 1024 --variant performer --num-features 128
     cs336sys flash --seq-len 16384 --head-dim 64 --num-heads 16 --impl triton
-
-Every value is checked before anything touches the GPU; the measurement runs
-through the same cell runner as the workflow, so an OOM prints as a row.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
-import yaml
 
-from cs336sys import attention as attn
-from cs336sys.dtypes import PRECISIONS
-from cs336sys.mha import VARIANTS, is_valid as mha_is_valid
-from cs336sys.performer import KERNELS
-from cs336sys.sizes import known_sizes
-from cs336sys.bench_attention import FLASH_IMPLS
+from cs336sys import studies as S
+from cs336sys.pipeline.config import ConfigError, load_schema, load_yaml, validate_config
 
+# a size small enough for the CPU examples above (the built-in sizes take minutes on a CPU)
+CPU_SIZES = {"tiny-cpu": {"d_model": 64, "d_ff": 256, "num_layers": 2, "num_heads": 4}}
 SHOW_COLUMNS = [
-    "status", "mode", "phase", "median_ms", "mean_ms", "std_ms", "n", "tflops", "mfu_pct",
+    "status", "mode", "phase", "median_ms", "ci_low_ms", "ci_high_ms", "n", "tflops", "mfu_pct",
     "tokens_per_s", "peak_mem_bytes", "mem_before_bwd_bytes", "error",
 ]  # fmt: skip
+RUN_FLAGS = ("device", "timeout", "memory_fraction", "config", "csv")
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+def _resolve(schema: Mapping, sub: Mapping) -> Mapping:
+    while "$ref" in sub:
+        sub = {**schema["$defs"][sub["$ref"].rpartition("/")[2]], **{k: v for k, v in sub.items() if k != "$ref"}}
+    return sub
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where to run (auto: CUDA if present, else CPU)")
-    p.add_argument("--timeout", type=float, default=1800, help="per-cell time limit in seconds (default 1800)")
-    p.add_argument("--memory-fraction", type=float, default=None, help="cap GPU memory to this fraction (torch.cuda.set_per_process_memory_fraction)")
-    p.add_argument("--csv", default=None, help="also write the rows to this CSV (atomically)")
+def _value_type(schema: Mapping, sub: Mapping):
+    """argparse type and choices of one schema value (an axis's list item, or a scalar setting)."""
+    sub = _resolve(schema, sub)
+    if "enum" in sub:
+        return str, list(sub["enum"])
+    kind = sub.get("type")
+    if kind == "boolean":
+        return None, None  # a --flag/--no-flag pair
+    return {"integer": int, "number": float}.get(kind, str), None
+
+
+def _show(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def _add_study(sub, schema: Mapping, name: str) -> None:
+    spec = S.study(name)
+    section = schema["properties"][name]
+    p = sub.add_parser(name, help=spec.question, description=spec.question)
+    grid = section["properties"]["grid"]["properties"]
+    for axis in spec.axes:
+        item = _resolve(schema, grid[axis])
+        typ, choices = _value_type(schema, item.get("items", {}))
+        default = item.get("default", [None])[0]
+        help_ = f"grid axis: one value here, a list in a config (default: {default})"
+        if typ is None:
+            p.add_argument(_flag(axis), action=argparse.BooleanOptionalAction, default=default, help=help_)
+        else:
+            p.add_argument(_flag(axis), type=typ, choices=choices, default=default, help=help_)
+    for key, sub_schema in section["properties"].items():
+        if key in S.JOB_KEYS + spec.cell_keys:
+            continue
+        sub_schema = _resolve(schema, sub_schema)
+        if sub_schema.get("type") == "array":
+            typ, choices = _value_type(schema, sub_schema["items"])
+            p.add_argument(_flag(key), nargs="+", type=typ, choices=choices, default=None, help=f"(default: {_show(sub_schema.get('default'))})")
+            continue
+        typ, choices = _value_type(schema, sub_schema)
+        if typ is None:
+            p.add_argument(_flag(key), action=argparse.BooleanOptionalAction, default=None, help=f"(default: {_show(sub_schema.get('default'))})")
+        else:
+            p.add_argument(_flag(key), type=typ, choices=choices, default=None, help=f"(default: {_show(sub_schema.get('default'))})")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where to run; auto: CUDA if present (default: auto)")
+    p.add_argument("--timeout", type=float, default=1800, help="time limit of the cell in seconds (default: 1800)")
+    p.add_argument("--memory-fraction", type=float, default=None, help="cap GPU memory to this fraction of the card, in (0, 1]")
+    p.add_argument("--config", default=None, help="a workflow config (YAML) whose extra_sizes, peak_tflops and section settings apply")
+    p.add_argument("--csv", default=None, help="also write the rows to this CSV file (atomically)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cs336sys", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="study", required=True)
-
-    e2e = sub.add_parser("e2e", help="end-to-end TransformerLM forward / training step (handout §1.1.3)")
-    e2e.add_argument("--model-size", default="small", help="small, medium, large, xl, 2.7B, or a size from --config's extra_sizes")
-    e2e.add_argument("--config", default=None, help="YAML config whose extra_sizes / vocab_size / batch_size are used")
-    e2e.add_argument("--context-length", type=_positive, default=128)
-    e2e.add_argument("--batch-size", type=_positive, default=None, help="default 4 (the handout's), or the config's")
-    e2e.add_argument("--vocab-size", type=_positive, default=None, help="default 10000, or the config's")
-    e2e.add_argument("--warmup-steps", type=_non_negative, default=5)
-    e2e.add_argument("--measure-steps", type=_positive, default=10)
-    e2e.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    e2e.add_argument("--attention", choices=("eager", "sdpa", "triton"), default="eager")
-    e2e.add_argument("--compile", action="store_true", help="torch.compile the model (compile time lands in warm-up)")
-    e2e.add_argument("--only-forward", action="store_true", help="measure the inference forward only")
-    e2e.add_argument("--optimizer", choices=("course", "fused"), default="course")
-    _common(e2e)
-
-    at = sub.add_parser("attention", help="one attention core, batch × one head (handout §1.2.1)")
-    at.add_argument("--d-model", type=_positive, default=64)
-    at.add_argument("--seq-len", type=_positive, default=1024)
-    at.add_argument("--activation", choices=attn.ACTIVATIONS, default="softmax")
-    at.add_argument("--impl", choices=attn.IMPLS, default="eager")
-    at.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
-    at.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    at.add_argument("--batch-size", type=_positive, default=8)
-    at.add_argument("--warmup-steps", type=_non_negative, default=5)
-    at.add_argument("--measure-steps", type=_positive, default=100)
-    _common(at)
-
-    mha = sub.add_parser("mha", help="multi-head self-attention layer: exact vs performer")
-    mha.add_argument("--embed-dim", type=_positive, default=256)
-    mha.add_argument("--num-heads", type=_positive, default=8)
-    mha.add_argument("--seq-len", type=_positive, default=1024)
-    mha.add_argument("--variant", choices=VARIANTS, default="exact-eager")
-    mha.add_argument("--kernel", choices=KERNELS, default="softmax")
-    mha.add_argument("--num-features", type=_positive, default=None, help="random features m (performer only)")
-    mha.add_argument("--batch-size", type=_positive, default=1)
-    mha.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    mha.add_argument("--warmup-steps", type=_non_negative, default=3)
-    mha.add_argument("--measure-steps", type=_positive, default=10)
-    _common(mha)
-
-    fl = sub.add_parser("flash", help="fused attention forward/backward timed by triton.testing.do_bench")
-    fl.add_argument("--seq-len", type=_positive, default=4096)
-    fl.add_argument("--head-dim", type=_positive, default=64)
-    fl.add_argument("--num-heads", type=_positive, default=1)
-    fl.add_argument("--batch-size", type=_positive, default=1)
-    fl.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
-    fl.add_argument("--impl", choices=FLASH_IMPLS, default="triton")
-    fl.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
-    _common(fl)
+    schema = load_schema()
+    for name in S.STUDIES:
+        _add_study(sub, schema, name)
     return parser
 
 
-def _cell_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser):
-    from cs336sys.cells import Cell
-
-    if args.study == "e2e":
+def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """The workflow config that holds exactly this one cell, validated by the workflow's schema."""
+    base: dict[str, Any] = {}
+    if args.config:
         try:
-            config = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
-        except OSError as exc:
-            parser.error(f"--config: cannot read {args.config}: {exc.strerror}")
-        extra = config.get("extra_sizes") or {}
-        sizes = known_sizes(extra)
-        if args.model_size not in sizes:
-            parser.error(f"unknown --model-size {args.model_size!r}; known sizes: {', '.join(sizes)}")
-        e2e_conf = config.get("e2e", {}) or {}
-        kwargs = dict(
-            size=args.model_size, context_length=args.context_length, precision=args.precision,
-            attention=args.attention, compile=args.compile, warmup_steps=args.warmup_steps,
-            measure_steps=args.measure_steps, batch_size=args.batch_size or e2e_conf.get("batch_size", 4),
-            vocab_size=args.vocab_size or e2e_conf.get("vocab_size", 10_000),
-            modes=("inference",) if args.only_forward else ("inference", "train"),
-            optimizer=args.optimizer, extra_sizes=extra,
-        )  # fmt: skip
-        axes = dict(size=args.model_size, ctx=args.context_length, prec=args.precision, attn=args.attention, compile=int(args.compile))
-        target = "cs336sys.bench_lm:measure_e2e"
-    elif args.study == "attention":
-        if not attn.is_valid(args.impl, args.activation):
-            parser.error(f"--impl {args.impl} has no {args.activation} attention; valid: eager/compiled/triton × softmax/relu, sdpa × softmax")
-        kwargs = dict(d_model=args.d_model, seq_len=args.seq_len, activation=args.activation, impl=args.impl, causal=args.causal,
-                      precision=args.precision, batch_size=args.batch_size, warmup_steps=args.warmup_steps, measure_steps=args.measure_steps)  # fmt: skip
-        axes = dict(d=args.d_model, seq=args.seq_len, act=args.activation, impl=args.impl, causal=int(args.causal), prec=args.precision)
-        target = "cs336sys.bench_attention:measure_attention"
-    elif args.study == "mha":
-        if not mha_is_valid(args.variant, args.kernel):
-            parser.error(f"--variant {args.variant} has no {args.kernel} kernel (exact-sdpa is softmax only)")
-        if args.embed_dim % args.num_heads:
-            parser.error(f"--embed-dim {args.embed_dim} is not divisible by --num-heads {args.num_heads}")
-        if args.variant == "performer" and not args.num_features:
-            parser.error("--variant performer needs --num-features")
-        kwargs = dict(embed_dim=args.embed_dim, num_heads=args.num_heads, seq_len=args.seq_len, variant=args.variant, kernel=args.kernel,
-                      num_features=args.num_features if args.variant == "performer" else None, batch_size=args.batch_size,
-                      precision=args.precision, warmup_steps=args.warmup_steps, measure_steps=args.measure_steps)  # fmt: skip
-        axes = dict(embed=args.embed_dim, heads=args.num_heads, seq=args.seq_len, variant=args.variant, kernel=args.kernel, m=args.num_features or 0)
-        target = "cs336sys.bench_mha:measure_mha"
-    else:
-        kwargs = dict(seq_len=args.seq_len, head_dim=args.head_dim, precision=args.precision, impl=args.impl,
-                      batch_size=args.batch_size, num_heads=args.num_heads, causal=args.causal)  # fmt: skip
-        axes = dict(seq=args.seq_len, d=args.head_dim, prec=args.precision, impl=args.impl, heads=args.num_heads)
-        target = "cs336sys.bench_attention:measure_flash"
-    cell_id = "_".join(f"{k}={v}" for k, v in axes.items())
-    axes["precision"] = kwargs.get("precision", "fp32")
-    return Cell(args.study, cell_id, axes, target, kwargs, device=args.device, timeout_s=args.timeout, memory_fraction=args.memory_fraction)
+            base = load_yaml(args.config) or {}
+        except ConfigError as exc:
+            parser.error(f"--config: {exc}")
+        if not isinstance(base, dict):
+            parser.error(f"--config: {args.config} does not hold a mapping of config keys")
+    spec = S.study(args.study)
+    section = copy.deepcopy(base.get(args.study) or {})
+    section["grid"] = {axis: [getattr(args, axis)] for axis in spec.axes}
+    for key, value in vars(args).items():
+        if key not in spec.axes and key not in RUN_FLAGS and key != "study" and value is not None:
+            section[key] = value
+    extra = {**CPU_SIZES, **(base.get("extra_sizes") or {})}
+    config = {"run": "cli", "device": "cpu" if args.device == "cpu" else "cuda", "check_local_cuda": False,
+              "studies": [args.study], "extra_sizes": extra, "peak_tflops": base.get("peak_tflops") or {},
+              "memory_fraction": args.memory_fraction, args.study: section}  # fmt: skip
+    try:
+        return validate_config(config)
+    except ConfigError as exc:
+        message = str(exc).replace(f"'{args.study}.grid.", "'--").replace(f"'{args.study}.", "'--")
+        parser.error(message.replace("config key ", "flag "))
+
+
+def command_line(study: str, axes: Mapping[str, Any], config: Mapping[str, Any], target: str = "e2e") -> str:
+    """Flags of ``cs336sys <target>`` that run the same cell as ``study``'s ``axes`` under ``config`` (the nsys rule)."""
+    known = set(S.study(target).axes) | set(load_schema()["properties"][target]["properties"])
+    settings = {k: v for k, v in {**config[study], **axes}.items() if k in known and k not in S.JOB_KEYS and not isinstance(v, (list, dict))}
+    flags = [f"{_flag(k)} {v}" if not isinstance(v, bool) else (_flag(k) if v else "--no-" + k.replace("_", "-")) for k, v in settings.items()]
+    return " ".join(flags + ["--device cuda", "--modes inference train"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.memory_fraction is not None and not 0 < args.memory_fraction <= 1:
-        parser.error("--memory-fraction must be in (0, 1]")
-    cell = _cell_from_args(args, parser)
+        parser.error(f"--memory-fraction must be in (0, 1], got {args.memory_fraction}")
+    if not 0 < args.timeout < float("inf"):
+        parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    if args.csv and Path(args.csv).is_dir():
+        parser.error(f"--csv {args.csv} is a directory; name a file")
+    from cs336sys.pipeline.faults import FAULT_ENV, check_fault_spec
 
-    from cs336sys.cells import rows_to_frame, run_cell, write_csv_atomic
-    from cs336sys.metrics import add_derived
+    try:
+        check_fault_spec(os.environ.get(FAULT_ENV, ""))
+    except ValueError as exc:
+        parser.error(str(exc))
+    config = _cli_config(args, parser)
+    (axes,) = S.grid(args.study, config).values() or [None]
+    if axes is None:
+        parser.error(f"{args.study}: these flags make no valid cell")
 
-    # The child resolves --device auto: asking torch.cuda here would poison a fork
-    # (torch marks a process that queried CUDA), and fork is otherwise safe because
-    # this process has run no torch computation (see cells._context).
-    frame = add_derived(rows_to_frame(run_cell(cell, start_method="fork"), cell.axes))
+    from cs336sys.analysis.metrics import add_derived
+    from cs336sys.pipeline.cells import Cell, run_cell
+    from cs336sys.pipeline.rows import rows_to_frame, write_csv_atomic
+
+    settings = S.cell_settings(args.study, axes, config, artifact_dir="cs336sys-artifacts")
+    cell = Cell(**{**settings, "device": args.device}, timeout_s=args.timeout)
+    print(f"measuring {args.study} {cell.cell_id} on {args.device} (time limit {args.timeout:g} s) …", file=sys.stderr, flush=True)
+    # The child resolves --device auto: asking torch.cuda here would poison a fork.
+    frame = add_derived(rows_to_frame(run_cell(cell, start_method="fork"), cell.axes), config["peak_tflops"])
     if args.device == "auto" and (frame.get("device") == "cpu").all():
-        print("note: no CUDA device found; running on CPU (memory columns stay empty)", file=sys.stderr)
+        print("note: no CUDA device found; ran on CPU (memory columns stay empty)", file=sys.stderr)
     if args.csv:
         write_csv_atomic(frame, args.csv)
     first = frame.iloc[0]
     print(f"# {args.study} {cell.cell_id} on {first.get('device_name', '?')} (torch {first.get('torch_version', '?')})\n")
-    shown = frame[[c for c in SHOW_COLUMNS if c in frame.columns]]
-    print(shown.to_markdown(index=False, floatfmt=".4g"))
+    print(frame[[c for c in SHOW_COLUMNS if c in frame.columns]].to_markdown(index=False, floatfmt=".4g"))
     return 0 if (frame["status"] == "ok").all() else 1
 
 

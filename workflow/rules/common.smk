@@ -1,4 +1,5 @@
 # Validation, cell lists, paths and code hashes: everything the rules need, built once.
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -8,37 +9,43 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))  # this checkout's libra
 from snakemake.exceptions import WorkflowError
 
 from cs336sys import studies as S
-from cs336sys.config import ConfigError, validate_config
-from cs336sys.provenance import code_hash, file_hash
+from cs336sys.cli import command_line
+from cs336sys.pipeline.faults import FAULT_ENV, check_fault_spec
+from cs336sys.pipeline.gpulock import visible_gpus
+from cs336sys.pipeline.config import ConfigError, load_yaml, validate_config
+from cs336sys.pipeline.provenance import file_hash, modules_hash, module_closure
 
 try:
+    for _file in workflow.configfiles:  # Snakemake's loader keeps the last of two equal keys silently
+        load_yaml(_file)
     validate_config(config, Path(workflow.basedir) / "workflow/schemas/config.schema.yaml")
-except ConfigError as exc:
+    check_fault_spec(os.environ.get(FAULT_ENV, ""))
+except (ConfigError, ValueError) as exc:
     raise WorkflowError(str(exc)) from None
 
-if config["device"] == "cuda" and config.get("check_local_cuda", True):
-    import torch
-
-    if not torch.cuda.is_available():
-        raise WorkflowError(
-            "No CUDA device on this machine, and this config (device: cuda) is a GPU sweep.\n"
-            "Run the CPU demo instead, which runs the same pipeline with tiny shapes:\n"
-            "    snakemake --configfile config/cpu-demo.yaml\n"
-            "(On a cluster login node without a GPU, the SLURM profile sets check_local_cuda: false.)"
-        )
+# NVML or nvidia-smi, not torch: parsing the workflow must not pay for `import torch`
+if config["device"] == "cuda" and config["check_local_cuda"] and not visible_gpus():
+    raise WorkflowError(
+        "No CUDA device on this machine, and this config (device: cuda) is a GPU sweep.\n"
+        "Run the CPU demo instead, which runs the same pipeline with tiny shapes:\n"
+        "    snakemake --configfile config/cpu-demo.yaml\n"
+        "(On a cluster login node without a GPU, the SLURM profile sets check_local_cuda: false.)"
+    )
 
 RUN = config["run"]
 STUDIES = list(config["studies"])
 GRIDS = {study: S.grid(study, config) for study in STUDIES}
 SCRIPTS = Path(workflow.basedir) / "workflow/scripts"
 SCRIPT_HASH = {p.name: file_hash(p) for p in SCRIPTS.glob("*.py")}
-MERGE_CODE = code_hash(["results.py", "metrics.py", "cells.py"])
-PLOT_CODE = code_hash(["plots.py", "results.py", "memory_snapshot.py"])
-REPORT_CODE = code_hash(["report.py", "findings.py", "results.py", "metrics.py", "flops.py", "profiling.py", "studies.py"])
+# merge, figures and report hash the modules they import (report modules of the studies run)
+_REPORTS = [S.study(s).report_module for s in STUDIES]
+MERGE_CODE = modules_hash(module_closure(["cs336sys.analysis.tables"]))
+PLOT_CODE = modules_hash(module_closure(["cs336sys.analysis.plots", *_REPORTS]))
+REPORT_CODE = modules_hash(module_closure(["cs336sys.analysis.report", *_REPORTS]))
 
 
 wildcard_constraints:
-    study="|".join(STUDIES) or "none",
+    study="|".join(STUDIES),
     cell=r"[^/]+",
 
 
@@ -70,11 +77,19 @@ def report_md():
     return f"report/{RUN}/report.md"
 
 
+def artifact_dir(study):
+    return f"results/{RUN}/{study}/artifacts"
+
+
 def nsys_rep(cell="{cell}"):
     return f"results/{RUN}/profile/nsys/{cell}.nsys-rep"
 
 
-NSYS = "profile" in STUDIES and config["profile"].get("nsys", False)
+def nsys_log():
+    return f"logs/{RUN}/profile/nsys/{{cell}}.log"
+
+
+NSYS = "profile" in STUDIES and config["profile"]["nsys"]
 if NSYS and shutil.which("nsys") is None:
     raise WorkflowError("profile.nsys is true but no `nsys` binary is on PATH; set it to false (torch.profiler covers the study)")
 
@@ -92,10 +107,6 @@ def _axes(study, cell):
         raise WorkflowError(f"{study} cell {cell!r} is not in this config's grid") from None
 
 
-def artifact_dir(study):
-    return f"results/{RUN}/{study}/artifacts"
-
-
 def cell_settings(study):
     def settings(wildcards):
         return S.cell_settings(study, _axes(study, wildcards.cell), config, artifact_dir(study))
@@ -110,8 +121,13 @@ def cell_code(study):
     return code
 
 
-def cell_resource(study, key, default):
-    return (config.get("resources") or {}).get(study, {}).get(key, default)
+def cell_resource(study, key):
+    return config[study]["resources"][key]
+
+
+def cell_timeout(study):
+    # a resource, not a param: changing a time limit reruns no cell that finished in time
+    return int(-(-config[study]["timeout_s"] // 1))
 
 
 def study_cells(wildcards):
@@ -119,10 +135,5 @@ def study_cells(wildcards):
 
 
 def nsys_args(wildcards):
-    """CLI flags that make `cs336sys e2e` run the same model and batch as a profile cell."""
-    kw = S.cell_settings("profile", _axes("profile", wildcards.cell), config)["kwargs"]
-    return (
-        f"--model-size {kw['size']} --context-length {kw['context_length']} --precision {kw['precision']} "
-        f"--attention {kw['attention']} --warmup-steps {kw['warmup_steps']} --measure-steps {kw['measure_steps']} "
-        f"--batch-size {kw['batch_size']} --vocab-size {kw['vocab_size']} --device cuda"
-    )
+    """The CLI flags of `cs336sys e2e` that run the same model and batch as a profile cell."""
+    return command_line("profile", _axes("profile", wildcards.cell), config)

@@ -11,7 +11,8 @@ rule merge:
             labels={"study": "{study}", "table": "merged cells"},
         ),
     params:
-        peak_tflops=config.get("peak_tflops") or {},
+        peak_tflops=config["peak_tflops"],
+        flags=config["flags"],
         code=MERGE_CODE,
         script=SCRIPT_HASH["merge.py"],
     log:

@@ -5,10 +5,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1] / "src"))  # scriptdir is workflow/rules/../scripts
 
-from cs336sys.cells import write_csv_atomic
-from cs336sys.jobs import log_to
-from cs336sys.results import merge_cells
+from cs336sys.pipeline.rows import write_csv_atomic
+from cs336sys.pipeline.jobs import log_to
+from cs336sys.analysis.tables import merge_cells
 
 with log_to(snakemake.log[0]):
-    merged = merge_cells(snakemake.input, snakemake.wildcards.study, snakemake.params.peak_tflops)
+    merged = merge_cells(snakemake.input, snakemake.wildcards.study, snakemake.params.peak_tflops, snakemake.params.flags)
     write_csv_atomic(merged, snakemake.output[0])

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Run a command on a lent GPU machine that has no network: install the wheelhouse (.whl/, built by
+# the GPU machine's instructions) into /tmp/site, name the commit for rows (no .git there), then run "$@".
+#   bash ci/gpu-run.sh python3 -m snakemake --cores 1 --config run=h100
+set -euo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+export CS336SYS_GIT_COMMIT=${CS336SYS_GIT_COMMIT:-$(cat .commit 2>/dev/null || echo unknown)}
+exec "$@"

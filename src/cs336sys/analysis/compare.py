@@ -1,0 +1,352 @@
+"""Compare two benchmark runs cell by cell (like ``asv compare`` or ``pytest-benchmark --benchmark-compare``).
+
+The questions are "is the H200 faster than the H100 on my grid, and where?" and "did my kernel change
+make any cell slower?". Two runs' merged study CSVs (``results/<run>/<study>.csv``) are matched by
+(cell_id, mode, phase); each pair gets the ratio b/a of median times with a conservative interval
+(b.low/a.high, b.high/a.low from the runs' 95 % intervals) and a verdict that calls a cell slower or
+faster only when the two intervals do not overlap, so noise is not reported as change. A gate
+(``--fail-above``) turns the table into a CI check. This is the analysis layer: it reads CSVs and
+YAML only and never imports torch or the measurement code.
+
+Verdicts: ``slower`` when b's interval lies entirely above a's, ``faster`` entirely below, ``same``
+when they overlap, ``n/a`` when an interval is unknown (older runs recorded none) or a status is not ok.
+Regressions (see :func:`regressions`): verdict ``slower`` with ratio > ``fail_above``, or a status
+change from ok to a failure (oom, error, timeout). Cells present in one run only are reported, not gated.
+Exactly two runs are compared (baseline a, candidate b); compare more by calling this once per pair.
+Read compare.csv with ``keep_default_na=False``: pandas otherwise reads the verdict "n/a" as NaN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from cs336sys.analysis import compare_plot
+
+ENV_FIELDS = ("device_name", "driver_version", "torch_version", "cuda_version", "git_commit", "host")
+KEYS = ("cell_id", "mode", "phase")
+FAILED = frozenset({"oom", "error", "timeout"})
+VERDICTS = ("faster", "slower", "same", "n/a")
+COLUMNS = ["cell_id", "mode", "phase", "status_a", "status_b", "median_a_ms", "median_b_ms", "ratio", "ratio_low",
+           "ratio_high", "verdict", "status_change", "only_in", "flags", "note"]  # fmt: skip
+DASH = "—"
+
+
+@dataclass
+class ComparisonResult:
+    table: pd.DataFrame  # compare_study's columns for every study, with a leading ``study`` column
+    regressions: pd.DataFrame  # the rows of ``table`` that fail the gate (threshold 1.0 when ungated)
+    passed: bool  # no regressions, or no gate (fail_above None)
+    report_path: Path
+
+
+def load_run(results_dir: Path) -> dict[str, pd.DataFrame]:
+    """Study name → merged frame, from every ``<results_dir>/*.csv`` that has a ``study`` column."""
+    results_dir = Path(results_dir)
+    if not results_dir.is_dir():
+        raise FileNotFoundError(f"no run directory {results_dir}")
+    parts: dict[str, list[pd.DataFrame]] = {}
+    for path in sorted(results_dir.glob("*.csv")):
+        if path.name.startswith("."):
+            continue
+        df = pd.read_csv(path, dtype={f: str for f in ENV_FIELDS}, low_memory=False)
+        if "study" not in df.columns:
+            continue
+        df["study"] = df["study"].fillna(path.stem).astype(str)
+        for name, group in df.groupby("study", sort=False):
+            parts.setdefault(str(name), []).append(group)
+    return {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or (isinstance(value, (int, float, np.bool_)) and not pd.isna(value) and bool(value)) \
+        or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes"))
+
+
+def _prepare(df: pd.DataFrame) -> pd.DataFrame:
+    """Timing rows only, string keys ('' where absent), numeric times, one row per key."""
+    if "kind" in df.columns:
+        df = df[df["kind"].isna() | (df["kind"] == "timing")]
+    out = pd.DataFrame(index=df.index)
+    for key in KEYS:
+        out[key] = df[key].fillna("").astype(str) if key in df.columns else ""
+    out["status"] = df["status"].fillna("").astype(str) if "status" in df.columns else ""
+    for col in ("median_ms", "ci_low_ms", "ci_high_ms"):
+        out[col] = pd.to_numeric(df[col], errors="coerce") if col in df.columns else np.nan
+    out["has_ci"] = "ci_low_ms" in df.columns and "ci_high_ms" in df.columns
+    marks = [df[c].map(_truthy).map({True: c, False: ""}) for c in ("noisy", "host_bound") if c in df.columns]
+    out["flags"] = [",".join(f for f in fl if f) for fl in zip(*marks)] if marks else ""
+    return out.drop_duplicates(list(KEYS), keep="first").reset_index(drop=True)
+
+
+def _expand_failures(side: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
+    """A failed row without a phase (or mode) stands for every key of the other run it covers.
+
+    A cell that ran out of memory in training records one row (mode=train, no phase); the
+    other run has its forward/backward/... rows. Without this they would not match at all.
+    """
+    have = set(zip(*(side[k] for k in KEYS)))
+    rows = []
+    for _, row in side.iterrows():
+        if row["status"] == "ok" or (row["mode"] and row["phase"]):
+            rows.append(row)
+            continue
+        mask = other["cell_id"] == row["cell_id"]
+        for key in ("mode", "phase"):
+            if row[key]:
+                mask &= other[key] == row[key]
+        keys = [k for k in zip(*(other.loc[mask, k] for k in KEYS)) if k not in have]
+        if not keys:
+            rows.append(row)
+        for key in dict.fromkeys(keys):
+            copy = row.copy()
+            copy[list(KEYS)] = list(key)
+            rows.append(copy)
+    return pd.DataFrame(rows, columns=side.columns).drop_duplicates(list(KEYS), keep="first").reset_index(drop=True)
+
+
+def compare_study(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """One row per (cell_id, mode, phase) of either run; see the module docstring for the verdicts."""
+    pa, pb = _prepare(a), _prepare(b)
+    pa, pb = _expand_failures(pa, pb), _expand_failures(pb, pa)
+    pa["pos"], pb["pos"] = np.arange(len(pa)), np.arange(len(pb))
+    m = pa.merge(pb, on=list(KEYS), how="outer", suffixes=("_a", "_b"), indicator=True)
+    m = m.sort_values(["pos_a", "pos_b"], na_position="last", kind="stable").reset_index(drop=True)
+    both_ok = (m["status_a"] == "ok") & (m["status_b"] == "ok")
+    med_a, med_b = m["median_ms_a"].where(both_ok), m["median_ms_b"].where(both_ok)
+    ratio = med_b / med_a
+    known = both_ok & ratio.notna() & (m["ci_low_ms_a"] > 0) & (m["ci_high_ms_a"] > 0) & m["ci_low_ms_b"].notna() \
+        & m["ci_high_ms_b"].notna()
+    r_low = (m["ci_low_ms_b"] / m["ci_high_ms_a"]).where(known)
+    r_high = (m["ci_high_ms_b"] / m["ci_low_ms_a"]).where(known)
+    verdict = np.select([~known, r_low > 1, r_high < 1], ["n/a", "slower", "faster"], "same")
+    only_in = np.select([m["_merge"] == "left_only", m["_merge"] == "right_only"], ["a", "b"], "")
+    present = m["_merge"] == "both"
+    change = np.where(present & (m["status_a"] != m["status_b"]),
+                      m["status_a"].fillna("") + " → " + m["status_b"].fillna(""), "")
+    flags = [", ".join(f"{f}({s})" for s, fl in (("a", fa), ("b", fb)) if isinstance(fl, str) for f in fl.split(",") if f)
+             for fa, fb in zip(m["flags_a"], m["flags_b"])]
+    note = np.select(
+        [only_in == "a", only_in == "b", m["status_a"] != "ok", m["status_b"] != "ok", ratio.isna(),
+         ~(m["has_ci_a"].eq(True) & m["has_ci_b"].eq(True)), ~known],
+        ["only in a", "only in b", m["status_a"].fillna("") + " in a", m["status_b"].fillna("") + " in b",
+         "no median recorded", "no interval recorded", "interval incomplete"], "")
+    out = pd.DataFrame({
+        "cell_id": m["cell_id"], "mode": m["mode"], "phase": m["phase"], "status_a": m["status_a"],
+        "status_b": m["status_b"], "median_a_ms": m["median_ms_a"], "median_b_ms": m["median_ms_b"], "ratio": ratio,
+        "ratio_low": r_low, "ratio_high": r_high, "verdict": verdict, "status_change": change, "only_in": only_in,
+        "flags": flags, "note": note})  # fmt: skip
+    return out[COLUMNS]
+
+
+def regressions(table: pd.DataFrame, fail_above: float) -> pd.DataFrame:
+    """Rows slower beyond their noise (verdict ``slower``) with median ratio > ``fail_above``,
+    plus rows whose status went from ok to a failure (oom, error, timeout)."""
+    slower = (table["verdict"] == "slower") & (table["ratio"] > fail_above)
+    broke = (table["status_a"] == "ok") & table["status_b"].isin(FAILED)
+    return table[slower | broke]
+
+
+def _env_values(frames: Mapping[str, pd.DataFrame], field: str) -> str:
+    values = {str(v) for df in frames.values() if field in df.columns for v in df[field].dropna() if str(v) != ""}
+    return ", ".join(sorted(values))
+
+
+def environment_diff(a_frames: Mapping[str, pd.DataFrame], b_frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """(field, a, b, differs) for the environment columns; several values per run are joined with ', '."""
+    rows = [(f, _env_values(a_frames, f), _env_values(b_frames, f)) for f in ENV_FIELDS]
+    return pd.DataFrame([(f, a, b, a != b) for f, a, b in rows], columns=["field", "a", "b", "differs"])
+
+
+def _flatten(cfg: Mapping, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in cfg.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, f"{path}."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def config_diff(a_cfg: Mapping | None, b_cfg: Mapping | None) -> pd.DataFrame:
+    """(key, a, b) for each dotted key whose value differs (None where absent); empty if either is None."""
+    if a_cfg is None or b_cfg is None:
+        return pd.DataFrame(columns=["key", "a", "b"])
+    fa, fb = _flatten(a_cfg), _flatten(b_cfg)
+    keys = sorted(set(fa) | set(fb))
+    return pd.DataFrame([(k, fa.get(k), fb.get(k)) for k in keys if k not in fa or k not in fb or fa[k] != fb[k]],
+                        columns=["key", "a", "b"])
+
+
+def _sig(x: Any, digits: int) -> str:
+    if x is None or (isinstance(x, float) and np.isnan(x)):
+        return DASH
+    if np.isinf(x):
+        return "∞"
+    return f"{x:.0f}" if abs(x) >= 10**digits else f"{x:#.{digits}g}".rstrip(".")
+
+
+def _cell(value: Any) -> str:
+    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)) or value == "":
+        return DASH
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer()):
+        return str(int(value))
+    return _sig(value, 4) if isinstance(value, (float, np.floating)) else str(value).replace("|", "\\|")
+
+
+def ratio_text(row) -> str:
+    """'1.12 [1.08, 1.16]': the ratio with its interval (just the ratio when the interval is unknown)."""
+    if pd.isna(row["ratio_low"]) or pd.isna(row["ratio_high"]):
+        return _sig(row["ratio"], 3)
+    return f"{_sig(row['ratio'], 3)} [{_sig(row['ratio_low'], 3)}, {_sig(row['ratio_high'], 3)}]"
+
+
+def _md(df: pd.DataFrame, fmt: Mapping[str, Callable[[Any], str]] | None = None) -> str:
+    fmt = {"median_a_ms": lambda v: _sig(v, 4), "median_b_ms": lambda v: _sig(v, 4), **(fmt or {})}
+    shown = pd.DataFrame({c: [fmt[c](v) if c in fmt else _cell(v) for v in df[c]] for c in df.columns})
+    return shown.to_markdown(index=False, disable_numparse=True)
+
+
+def _cells_md(rows: pd.DataFrame, extra: Sequence[str] = ()) -> str:
+    view = rows.assign(**{"ratio b/a [interval]": [ratio_text(r) for _, r in rows.iterrows()]})
+    cols = [c for c in ("study", "cell_id", "mode", "phase") if c in view and (view[c] != "").any()]
+    return _md(view[cols + ["median_a_ms", "median_b_ms", "ratio b/a [interval]", *extra]])
+
+
+def _atomic(path: Path, write: Callable[[Path], None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _load_config(run_dir: Path) -> Mapping | None:
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return None
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def _study_section(study: str, t: pd.DataFrame, figure: str | None) -> list[str]:
+    lines = [f"## Study `{study}`", ""]
+    if t.empty:
+        return lines + ["No timing rows in either run: nothing to compare.", ""]
+    both = t[t["only_in"] == ""]
+    counts = {v: int((both["verdict"] == v).sum()) for v in VERDICTS}
+    counts |= {"only in a": int((t["only_in"] == "a").sum()), "only in b": int((t["only_in"] == "b").sum()),
+               "status changes": int((t["status_change"] != "").sum())}
+    lines += [_md(pd.DataFrame([counts])), ""]
+    for verdict, title in (("slower", "Slower in b (intervals do not overlap; ratio > 1)"),
+                           ("faster", "Faster in b (intervals do not overlap; ratio < 1)")):
+        rows = both[both["verdict"] == verdict].sort_values("ratio", ascending=verdict == "faster")
+        lines += [f"### {title}", "", _cells_md(rows, ["flags"]) if len(rows) else "None.", ""]
+    na = both[both["verdict"] == "n/a"]
+    if len(na):
+        reasons = na["note"].value_counts()
+        lines += ["### Not judged (n/a)", ""] + [f"- {n} × {why}" for why, n in reasons.items()] + [""]
+    one = t[t["only_in"] != ""]
+    lines += ["### Cells in one run only", "", _md(one[["cell_id", "mode", "phase", "only_in", "status_a", "status_b"]])
+              if len(one) else "None.", ""]
+    changed = t[t["status_change"] != ""]
+    lines += ["### Status changes", "", _md(changed[["cell_id", "mode", "phase", "status_change"]])
+              if len(changed) else "None.", ""]
+    if figure:
+        lines += [f"![{study}: ratio b/a per cell]({figure})", ""]
+    return lines
+
+
+def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Path,
+                     fail_above: float | None = None) -> ComparisonResult:
+    """Compare run b = ``run_dirs[1]`` against baseline a = ``run_dirs[0]``; write report.md,
+    compare.csv and figures/<study>_ratio.png under ``out_dir``. Exactly two runs are allowed."""
+    if len(run_dirs) != 2 or len(names) != 2:
+        raise ValueError(f"write_comparison compares exactly 2 runs (baseline, candidate) with 2 names; "
+                         f"got {len(run_dirs)} runs and {len(names)} names")
+    out_dir = Path(out_dir)
+    a_dir, b_dir = map(Path, run_dirs)
+    a_name, b_name = names
+    runs = load_run(a_dir), load_run(b_dir)
+    tables, sections = [], []
+    for study in sorted(set(runs[0]) | set(runs[1])):
+        empty = pd.DataFrame(columns=["study", "cell_id", "status"])
+        t = compare_study(runs[0].get(study, empty), runs[1].get(study, empty))
+        figure = None
+        if np.isfinite(t["ratio"].astype(float)).any():
+            fig = compare_plot.ratio_figure(t, f"{study}: {b_name} vs {a_name} (baseline)")
+            _atomic(out_dir / "figures" / f"{study}_ratio.png", lambda p: fig.savefig(p, format="png", dpi=120))
+            compare_plot.close(fig)
+            figure = f"figures/{study}_ratio.png"
+        sections += _study_section(study, t, figure)
+        tables.append(t.assign(study=study)[["study", *COLUMNS]])
+    table = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["study", *COLUMNS])
+    regs = regressions(table, 1.0 if fail_above is None else fail_above)
+    passed = fail_above is None or regs.empty
+
+    lines = [f"# `{a_name}` vs `{b_name}`", "",
+             f"Baseline **a** = `{a_name}` (`{a_dir}`); candidate **b** = `{b_name}` (`{b_dir}`). "
+             "Ratio = median time b / a: above 1, b is slower. A cell is slower or faster only when the runs' "
+             "95 % intervals do not overlap (ratio interval = [b.low / a.high, b.high / a.low]); otherwise "
+             "`same`, or `n/a` when an interval is unknown or a status is not ok.", "", "## Gate", ""]
+    if fail_above is None:
+        lines += [f"Not gated (no fail-above threshold). {len(regs)} cell(s) slower beyond noise or newly failing.", ""]
+    else:
+        lines += [f"Fail above {fail_above:g}: **{'passed' if passed else 'FAILED'}** — {len(regs)} regression(s) "
+                  "(verdict slower with ratio above the threshold, or ok → oom/error/timeout).", ""]
+    if len(regs):
+        lines += [_cells_md(regs, ["status_change"]), ""]
+    lines += ["## Environment", "", _md(environment_diff(*runs)), "", "## Config", ""]
+    cfgs = _load_config(a_dir), _load_config(b_dir)
+    if None in cfgs:
+        missing = " and ".join(n for n, c in zip(names, cfgs) if c is None)
+        lines += [f"Not compared: no config.yaml in {missing}.", ""]
+    else:
+        diff = config_diff(*cfgs)
+        lines += [f"- `{r.key}`: {_cell(r.a)} → {_cell(r.b)}" for r in diff.itertuples()] or ["No differences."]
+        lines += [""]
+    report = out_dir / "report.md"
+    _atomic(report, lambda p: p.write_text("\n".join(lines + sections).rstrip() + "\n"))
+    _atomic(out_dir / "compare.csv", lambda p: table.to_csv(p, index=False))
+    return ComparisonResult(table=table, regressions=regs, passed=passed, report_path=report)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cs336sys.analysis.compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs=2, type=Path, metavar="RUN_DIR", help="baseline, then candidate: results/<run>")
+    parser.add_argument("--out", type=Path, help="output directory (default report/compare/<a>-vs-<b>)")
+    parser.add_argument("--names", nargs=2, metavar=("A", "B"), help="run names (default: the directory names)")
+    parser.add_argument("--fail-above", type=float, help="exit 1 when a cell is slower beyond noise with ratio above this")
+    args = parser.parse_args(argv)
+    names = args.names or [d.resolve().name for d in args.runs]
+    out = args.out or Path("report/compare") / f"{names[0]}-vs-{names[1]}"
+    try:
+        result = write_comparison(args.runs, names, out, args.fail_above)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"compare: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {result.report_path}")
+    if result.regressions.empty:
+        print("no regressions" if args.fail_above is not None else "no cell slower beyond noise or newly failing")
+    else:
+        print(_cells_md(result.regressions, ["status_change"]))
+    if not result.passed:
+        print(f"FAILED: {len(result.regressions)} regression(s) (fail above {args.fail_above:g})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

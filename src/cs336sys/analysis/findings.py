@@ -1,0 +1,106 @@
+"""Findings computed from the merged results (never typed in): ratios, slopes, OOM frontiers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from cs336sys.analysis.tables import OK, ok_rows
+from cs336sys.measure.stats import Interval, ratio_interval, significant
+
+MIB = 2**20
+
+
+def loglog_slope(x: pd.Series, y: pd.Series, last: int = 3) -> float:
+    """Slope of log y vs log x over the ``last`` largest x (the asymptotic regime); NaN if < 2 points."""
+    pts = pd.DataFrame({"x": x.to_numpy(dtype=float), "y": y.to_numpy(dtype=float)}).dropna()
+    pts = pts[(pts["x"] > 0) & (pts["y"] > 0)].sort_values("x").tail(last)
+    if pts["x"].nunique() < 2:
+        return float("nan")
+    return float(np.polyfit(np.log(pts["x"]), np.log(pts["y"]), 1)[0])
+
+
+def scaling_slopes(df: pd.DataFrame, groups: list[str], panels: list[tuple[str, str, str]], x: str = "seq_len") -> pd.DataFrame:
+    """Per group, the log–log slope in ``x`` of each (mode, phase, column) panel."""
+    rows = []
+    ok = ok_rows(df)
+    for key, part in ok.groupby(groups):
+        row = dict(zip(groups, key if isinstance(key, tuple) else (key,)))
+        for mode, phase, column in panels:
+            sel = part[(part["mode"] == mode) & (part["phase"] == phase)]
+            name = f"slope_{phase}_{'mem' if 'mem' in column else 'time'}"
+            row[name] = loglog_slope(sel[x], sel[column]) if column in sel else float("nan")
+            if column == "median_ms" and "ci_low_ms" in sel:
+                low, high = slope_bounds(sel[x], sel["ci_low_ms"], sel["ci_high_ms"])
+                row[f"{name}_range"] = f"[{low:.2f}, {high:.2f}]" if np.isfinite(low) else "—"
+        row["points"] = part[x].nunique()
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def oom_frontier(df: pd.DataFrame, groups: list[str], x: str = "seq_len") -> pd.DataFrame:
+    """Per group: the largest x that ran and the smallest x that ran out of memory."""
+    rows = []
+    for key, part in df.groupby(groups):
+        row = dict(zip(groups, key if isinstance(key, tuple) else (key,)))
+        cells = part.groupby(x)["status"].agg(lambda s: "ok" if (s == OK).all() else ",".join(sorted(set(s) - {OK})))
+        row["largest_ok"] = max((v for v, s in cells.items() if s == "ok"), default=None)
+        row["first_oom"] = min((v for v, s in cells.items() if "oom" in s), default=None)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def intervals(df: pd.DataFrame) -> list[Interval]:
+    """The 95% interval of each row's median (nan bounds where an old run recorded none)."""
+    low = df["ci_low_ms"] if "ci_low_ms" in df else pd.Series(np.nan, index=df.index)
+    high = df["ci_high_ms"] if "ci_high_ms" in df else pd.Series(np.nan, index=df.index)
+    n = df["n"] if "n" in df else pd.Series(0, index=df.index)
+    trials = df["trials"] if "trials" in df else pd.Series(1, index=df.index)
+    return [Interval(float(m), float(lo), float(hi), int(k) if pd.notna(k) else 0, int(t) if pd.notna(t) else 1)
+            for m, lo, hi, k, t in zip(df["median_ms"], low, high, n, trials)]  # fmt: skip
+
+
+def describe_ratio(ratio: Interval) -> str:
+    """``1.66× [1.60, 1.72]``, or the words for no significant difference.
+
+    With interval arithmetic the ratio's interval excludes 1 exactly when the two
+    medians' intervals are disjoint: the report's test for a finding.
+    """
+    if not np.isfinite(ratio.median):
+        return "—"
+    if not (np.isfinite(ratio.low) and np.isfinite(ratio.high)):
+        return f"{ratio.median:.3g}× (no interval)"
+    text = f"{ratio.median:.3g}× [{ratio.low:.3g}, {ratio.high:.3g}]"
+    return text if (ratio.low > 1 or ratio.high < 1) else f"no significant difference ({text})"
+
+
+def paired_ratios(df: pd.DataFrame, index: list[str], column: str, top: str, bottom: str) -> pd.DataFrame:
+    """Per ``index`` group, time(``column``=top) / time(``column``=bottom) with its 95% interval.
+
+    The ratio's interval is conservative interval arithmetic on the two medians'
+    intervals; ``significant`` is True only where the two intervals do not overlap,
+    and ``finding`` then states the ratio, otherwise "no significant difference".
+    """
+    rows = ok_rows(df).dropna(subset=["median_ms"]) if "median_ms" in df else df.iloc[0:0]
+    a = rows[rows[column] == top].set_index(index)
+    b = rows[rows[column] == bottom].set_index(index)
+    common = a.index.intersection(b.index)
+    out = []
+    for key in common:
+        (ia,), (ib,) = intervals(a.loc[[key]]), intervals(b.loc[[key]])
+        ratio = ratio_interval(ia, ib)
+        out.append({**dict(zip(index, key if isinstance(key, tuple) else (key,))), f"{top}_ms": ia.median, f"{bottom}_ms": ib.median,
+                    "ratio": ratio.median, "ratio_low": ratio.low, "ratio_high": ratio.high,
+                    "significant": significant(ia, ib), "finding": describe_ratio(ratio)})  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def slope_bounds(x: pd.Series, low: pd.Series, high: pd.Series, last: int = 3) -> tuple[float, float]:
+    """The range of log–log slopes the intervals allow between the first and last of the ``last`` largest x."""
+    pts = pd.DataFrame({"x": x.to_numpy(dtype=float), "lo": low.to_numpy(dtype=float), "hi": high.to_numpy(dtype=float)}).dropna()
+    pts = pts[(pts["x"] > 0) & (pts["lo"] > 0)].sort_values("x").tail(last)
+    if pts["x"].nunique() < 2:
+        return float("nan"), float("nan")
+    first, end = pts.iloc[0], pts.iloc[-1]
+    span = np.log(end["x"] / first["x"])
+    return float(np.log(end["lo"] / first["hi"]) / span), float(np.log(end["hi"] / first["lo"]) / span)

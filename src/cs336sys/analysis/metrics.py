@@ -1,0 +1,94 @@
+"""Derived metrics, computed in one place for the CLI and at merge time.
+
+Rows store raw measurements (milliseconds, bytes, analytic FLOPs); this module
+turns them into TFLOP/s, MFU and tokens/s. TFLOP/s and tokens/s use the
+*median* time of a phase.
+
+Peak dense TFLOP/s per GPU and precision, from NVIDIA's datasheets (dense, i.e.
+without 2:4 sparsity): H100 SXM5 / H200 SXM: FP32 66.9, TF32 494.7, BF16 989.4;
+H100 PCIe: 51.2 / 378 / 756; H100 NVL: 60 / 417.5 / 835; A100: 19.5 / 156 / 312.
+``fp32`` means strict FP32 (TF32 off); ``tf32`` FP32 storage with TF32 matmuls.
+A device not in the table gets no MFU (empty, with the reason), never a guess.
+A config's ``peak_tflops`` mapping (device-name substring → precision → TFLOP/s)
+overrides or extends the table.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+# Ordered: the first substring found in torch.cuda.get_device_name() wins.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0},
+    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.0},
+    "H100": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4},
+    "H200": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4},
+    "A100": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0},
+}
+
+
+def peak_tflops(device_name: str, precision: str, overrides: Mapping[str, Mapping[str, float]] | None = None) -> float | None:
+    """Dense peak TFLOP/s for ``precision`` on ``device_name``, or ``None`` if unknown."""
+    for table in (overrides or {}, PEAK_TFLOPS):
+        for pattern, peaks in table.items():
+            if pattern in str(device_name) and precision in peaks:
+                return float(peaks[precision])
+    return None
+
+
+FLAG_DEFAULTS = {"noisy_rel": 0.05, "min_gpu_busy": 0.9, "min_clock_frac": 0.9}
+BENIGN_THROTTLE = {"", "none", "gpu_idle", "applications_clocks_setting", "nan"}
+
+
+def add_flags(df: pd.DataFrame, flags: Mapping[str, float] | None = None) -> pd.DataFrame:
+    """Add the trust columns of timed rows: ``ci_rel``, ``noisy``, ``host_bound``, ``throttled``, ``below_clocks``.
+
+    ``ci_rel`` is the 95% interval's half-width over the median; ``noisy`` where it
+    exceeds ``noisy_rel``. ``host_bound`` where the GPU was busy for less than
+    ``min_gpu_busy`` of the step (empty where that was not measured, e.g. on CPU).
+    ``throttled`` where NVML reported a slowing reason (power, thermal) at the start
+    or end of timing; ``below_clocks`` where the SM clock ended under
+    ``min_clock_frac`` of its maximum. Thresholds: the config's ``flags``.
+    """
+    t = {**FLAG_DEFAULTS, **(flags or {})}
+    out = df.copy()
+    if "ci_low_ms" in out and "median_ms" in out:
+        low, high, med = (pd.to_numeric(out[c], errors="coerce") for c in ("ci_low_ms", "ci_high_ms", "median_ms"))
+        out["ci_rel"] = (high - low) / 2 / med
+        out["noisy"] = (out["ci_rel"] > t["noisy_rel"]).where(out["ci_rel"].notna())
+    if "gpu_busy_frac" in out:
+        busy = pd.to_numeric(out["gpu_busy_frac"], errors="coerce")
+        out["host_bound"] = (busy < t["min_gpu_busy"]).where(busy.notna())
+    reasons = [c for c in ("start_throttle_reasons", "end_throttle_reasons") if c in out]
+    if reasons:
+        slowing = lambda v: any(r.strip() not in BENIGN_THROTTLE for r in str(v).split(";"))  # noqa: E731
+        out["throttled"] = out[reasons].apply(lambda row: any(slowing(v) for v in row if pd.notna(v)), axis=1)
+    if "end_sm_clock_mhz" in out and "max_sm_clock_mhz" in out:
+        sm, top = (pd.to_numeric(out[c], errors="coerce") for c in ("end_sm_clock_mhz", "max_sm_clock_mhz"))
+        out["below_clocks"] = (sm < t["min_clock_frac"] * top).where(sm.notna() & top.notna())
+    return out
+
+
+def add_derived(df: pd.DataFrame, overrides: Mapping[str, Mapping[str, float]] | None = None,
+                flags: Mapping[str, float] | None = None) -> pd.DataFrame:
+    """Add ``tflops``, ``mfu_pct`` (+ ``mfu_note``), ``tokens_per_s`` and the trust flags where the inputs exist."""
+    out = add_flags(df, flags)
+    if out.empty:
+        return out
+    median_s = pd.to_numeric(out.get("median_ms"), errors="coerce") / 1e3
+    if "flops" in out:
+        out["tflops"] = pd.to_numeric(out["flops"], errors="coerce") / median_s / 1e12
+        if "precision" in out and "device_name" in out:
+            peaks = [peak_tflops(dev, prec, overrides) for dev, prec in zip(out["device_name"], out["precision"])]
+            peak_arr = np.array([np.nan if p is None else p for p in peaks], dtype=float)
+            out["mfu_pct"] = 100.0 * out["tflops"].to_numpy(dtype=float) / peak_arr
+            out["mfu_note"] = [
+                "" if p is not None else f"no peak TFLOP/s known for {dev!r} at {prec}"
+                for p, dev, prec in zip(peaks, out["device_name"], out["precision"])
+            ]
+    if "tokens" in out:
+        out["tokens_per_s"] = pd.to_numeric(out["tokens"], errors="coerce") / median_s
+    return out

@@ -1,0 +1,123 @@
+"""report/<run>/report.md: environment, grid, per-study tables, findings, figures, failures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+import yaml
+
+from cs336sys.analysis.markdown import md_table
+from cs336sys.analysis.tables import failures, load_study, ok_rows
+from cs336sys.fileio import write_text_atomic
+from cs336sys.measure.flops import BACKWARD_FACTOR
+from cs336sys.studies import report_module, study as get_study
+
+MIB = 2**20
+ENV_FIELDS = ["device_name", "driver_version", "torch_version", "cuda_version", "python_version", "git_commit", "host"]
+
+DEFINITIONS = f"""\
+**Conventions.** Times are milliseconds. Each cell is timed in `trials` independent trials (a
+warm-up, then a timed block of at least `measure_steps` steps and `min_measure_s` seconds); tables
+show the median of all steps and its 95% interval: the wider of the order-statistic interval of
+the median (distribution-free) and the Student-t interval of the per-trial medians (drift between
+trials). A ratio is a finding only where the two intervals do not overlap; otherwise the report
+says "no significant difference". Training-step phases are timed with CUDA events inside the same
+step; whole steps by the wall clock between two synchronisations. `host_bound`: the GPU was busy
+for less than the configured share of a step (torch.profiler over a few extra steps), so the time
+measures Python and the CPU as much as the GPU.
+Memory is `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats` (live tensors,
+not the allocator's reserve); "before backward" is `memory_allocated` between forward and backward.
+FLOPs are analytic matmul FLOPs (2·m·n·k each); causal attention is counted at half; a backward
+is {BACKWARD_FACTOR:g}× its forward (no recomputation credited). TFLOP/s uses the median time; MFU
+divides by the dense peak of the GPU at that precision (`cs336sys.metrics.PEAK_TFLOPS`, overridable
+by the config's `peak_tflops`), and is empty when the device is not in the table.
+Precisions: `fp32` = strict fp32 (TF32 off), `tf32` = fp32 with TF32 matmuls, `bf16` = bf16
+autocast of forward and loss with fp32 parameters (attention studies cast inputs to bf16).
+
+**Definitions.** ReLU attention (study `attention`, `mha` exact) is Wortsman et al. 2023:
+`relu(QKᵀ/√d)/L` with L the sequence length and causal positions set to 0. Performer attention
+(`mha`) is FAVOR+ linear attention φ(q)ᵀ(Σφ(k)vᵀ)/φ(q)ᵀΣφ(k), with the ReLU feature map
+`relu(Wx/√m)+1e-5` or the positive softmax feature map `exp(Wx' − ‖x'‖²/2)/√m` (x' = x·d^-1/4),
+W a fixed orthogonal random (m × d) matrix.
+"""
+
+
+def _ms(row: pd.Series) -> str:
+    """``median [95% interval]``, with ``*`` for a noisy row and ``†`` for a host-bound one."""
+    marks = ("*" if row.get("noisy") is True else "") + ("†" if row.get("host_bound") is True else "")
+    if pd.isna(row.get("ci_low_ms")):
+        return f"{row['median_ms']:.4g}{marks}"
+    return f"{row['median_ms']:.4g} [{row['ci_low_ms']:.4g}, {row['ci_high_ms']:.4g}]{marks}"
+
+
+def cell_table(df: pd.DataFrame, axes: Sequence[str]) -> pd.DataFrame:
+    """One row per cell: ``median [interval]`` ms for each mode/phase, peak MiB, n, status."""
+    if df.empty:
+        return df
+    ok = ok_rows(df)
+    if "kind" in ok:
+        ok = ok[ok["kind"] == "timing"]
+    ok = ok.dropna(subset=["median_ms"]) if "median_ms" in ok else ok.iloc[0:0]
+    table = pd.DataFrame()
+    if not ok.empty:
+        ok = ok.assign(col=ok["mode"].astype(str) + " " + ok["phase"].astype(str) + " ms", val=ok.apply(_ms, axis=1))
+        table = ok.pivot_table(index=list(axes), columns="col", values="val", aggfunc="first")
+        if "peak_mem_bytes" in ok and ok["peak_mem_bytes"].notna().any():
+            peaks = ok.groupby(list(axes))["peak_mem_bytes"].max() / MIB
+            table["peak MiB"] = peaks.round(1)
+        if "n" in ok:
+            table["n"] = ok.groupby(list(axes))["n"].max()
+    status = df.groupby(list(axes))["status"].agg(lambda s: ",".join(sorted(set(s))))
+    table = table.reindex(status.index) if not table.empty else pd.DataFrame(index=status.index)
+    table["status"] = status
+    return table.reset_index()
+
+
+def _environment(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    all_rows = pd.concat([f for f in frames.values() if not f.empty], ignore_index=True, sort=False) if frames else pd.DataFrame()
+    rows = []
+    for field in ENV_FIELDS:
+        values = sorted({str(v) for v in all_rows.get(field, pd.Series(dtype=str)).dropna() if str(v) != ""})
+        rows.append({"field": field, "value": ", ".join(values) or "—"})
+    if "started_at" in all_rows:
+        started = all_rows["started_at"].dropna().astype(str)
+        rows.append({"field": "measured between", "value": f"{started.min()} and {started.max()}" if len(started) else "—"})
+    return pd.DataFrame(rows)
+
+
+def _status_counts(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    rows = []
+    for name, df in frames.items():
+        per_cell = df.groupby("cell_id")["status"].agg(lambda s: "ok" if (s == "ok").all() else sorted(set(s) - {"ok"})[0]) if not df.empty else pd.Series(dtype=str)
+        rows.append({"study": name, "cells": len(per_cell), **per_cell.value_counts().to_dict()})
+    return pd.DataFrame(rows).fillna(0)
+
+
+def _figures(fig_dir: Path, report_dir: Path) -> str:
+    pngs = sorted(fig_dir.glob("*.png")) if fig_dir.exists() else []
+    return "\n\n".join(f"![{p.stem}]({os.path.relpath(p, report_dir)})" for p in pngs) or "_(no figures)_"
+
+
+def write_report(out: Path, run: str, studies: Sequence[str], csvs: Sequence[Path], figure_dirs: Sequence[Path], config: Mapping[str, Any]) -> Path:
+    frames = {name: load_study(path, name) for name, path in zip(studies, csvs)}
+    report_dir = out.parent
+    lines = [f"# cs336sys benchmark report — run `{run}`", "", DEFINITIONS, "## Environment", "", md_table(_environment(frames)), ""]
+    lines += ["## Cells per study and status", "", md_table(_status_counts(frames)), ""]
+    fails = pd.concat([failures(df) for df in frames.values() if not df.empty], ignore_index=True) if frames else pd.DataFrame()
+    lines += ["## Failed cells (out of memory, timeout, error, skipped)", ""]
+    lines += [md_table(fails) if not fails.empty else "None: every cell ran.", ""]
+    for name, fig_dir in zip(studies, figure_dirs):
+        df = frames[name]
+        spec = get_study(name)
+        lines += [f"## Study `{name}`", "", spec.question, "", "Grid:", "", "```yaml", yaml.safe_dump({name: config.get(name)}, sort_keys=False).strip(), "```", ""]
+        if spec.cell_table:
+            lines += ["Per cell: median ms [95% interval] per mode and phase; `*` noisy (interval wider than the configured "
+                      "share of the median), `†` host-bound (the GPU idled for part of the step):", "", md_table(cell_table(df, list(spec.axes))), ""]
+        found = report_module(name).findings(df) if not df.empty and (df["status"] == "ok").any() else ""
+        if found:
+            lines += ["### Findings", "", found, ""]
+        lines += ["### Figures", "", _figures(fig_dir, report_dir), ""]
+    return write_text_atomic(out, "\n".join(lines))

@@ -1,0 +1,93 @@
+"""Reading and merging result CSVs: the one place per-cell files become a study table.
+
+Runs committed before the axes got one name each (``ctx``, ``attn``, ``seq``,
+…) still load: :data:`ALIASES` renames their columns and their cell ids are
+rebuilt from the axes, so old and new runs compare cell by cell.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import pandas as pd
+
+from cs336sys.analysis.metrics import add_derived
+from cs336sys.pipeline.rows import Status, order_columns
+from cs336sys.studies import cell_id, study as get_study
+
+OK = Status.OK.value
+# study → old column → axis name (runs measured before commit "one home per study")
+_LM = {"ctx": "context_length", "attn": "impl"}
+ALIASES: dict[str, dict[str, str]] = {
+    "e2e": _LM,
+    "warmup": {**_LM, "warmup": "warmup_steps"},
+    "profile": _LM,
+    "memory": _LM,
+    "attention": {"d": "d_model", "seq": "seq_len", "act": "activation"},
+    "mha": {"embed": "embed_dim", "heads": "num_heads", "seq": "seq_len", "m": "num_features"},
+    "flash": {"seq": "seq_len", "d": "head_dim", "heads": "num_heads"},
+}
+
+
+def upgrade(df: pd.DataFrame, study: str) -> pd.DataFrame:
+    """Rename an old run's axis columns and rebuild its cell ids; a no-op on current runs."""
+    renames = {old: new for old, new in ALIASES.get(study, {}).items() if old in df}
+    if not renames:
+        return df
+    df = df.drop(columns=[new for new in renames.values() if new in df]).rename(columns=renames)
+    axes = get_study(study).axes
+    if study == "memory" and "impl" not in df:
+        df["impl"] = "eager"  # a section-level setting then, eager in every committed run
+    if study == "e2e" and "cuda_graphs" not in df:
+        df["cuda_graphs"] = 0  # the axis did not exist yet
+    if set(axes) <= set(df.columns) and "cell_id" in df:
+        df["cell_id"] = [cell_id(study, dict(zip(axes, values))) for values in df[list(axes)].itertuples(index=False)]
+    return df[order_columns(df.columns, axes)]
+
+
+def merge_cells(paths: Iterable[str | Path], study: str, peak_overrides: Mapping | None = None, flags: Mapping | None = None) -> pd.DataFrame:
+    """Concatenate one study's cell CSVs (every status kept) and add derived metrics."""
+    frames = [pd.read_csv(p) for p in paths]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame(columns=["study", "cell_id", "status", "error"])
+    merged = pd.concat(frames, ignore_index=True, sort=False)
+    merged = merged[order_columns(merged.columns, get_study(study).axes)]
+    return add_derived(merged, peak_overrides, flags)
+
+
+def load_study(path: str | Path, study: str | None = None) -> pd.DataFrame:
+    df = pd.read_csv(path)
+    if "error" in df:
+        df["error"] = df["error"].fillna("")
+    study = study or (str(df["study"].iloc[0]) if "study" in df and len(df) else None)
+    return upgrade(df, study) if study else df
+
+
+def failures(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per failed (cell, part): status other than ok, with its error text."""
+    if df.empty or "status" not in df:
+        return df
+    bad = df[df["status"] != OK]
+    keep = [c for c in ("study", "cell_id", "mode", "status", "error") if c in bad]
+    return bad[keep].drop_duplicates()
+
+
+def ok_rows(df: pd.DataFrame, **where) -> pd.DataFrame:
+    """The ok rows matching column == value for each keyword."""
+    if df.empty:
+        return df
+    mask = df["status"] == OK
+    for col, value in where.items():
+        if col not in df:
+            return df.iloc[0:0]
+        mask &= df[col] == value
+    return df[mask]
+
+
+def of_kind(df: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """The ok rows of one ``kind`` (none when no cell produced that kind, e.g. all skipped)."""
+    if "kind" not in df:
+        return df.iloc[0:0]
+    return df[(df["status"] == OK) & (df["kind"] == kind)]

@@ -1,0 +1,53 @@
+"""How much of a step the GPU was busy: the measurement behind the ``host_bound`` flag.
+
+A step whose GPU idles between kernels measures Python and the CPU as much as
+the GPU: its time moves with host jitter (14-50% between blocks of steps on the
+H100 host) and its ratios to other cells say little about the GPU. This runs
+a few more steps under ``torch.profiler`` (CUDA activities), each between two
+synchronisations inside one range, and returns the median over steps of the
+share of the range's wall time covered by at least one kernel, memcpy or
+memset (overlapping streams counted once). The profiler's own per-launch cost
+makes a launch-bound step look slightly more host-bound than it is; a GPU-bound
+step still reads close to 1.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+import torch
+
+from cs336sys.measure.stats import gpu_busy_fraction
+from cs336sys.measure.timing import StepClock, synchronize
+
+WINDOW = "cs336sys.busy_window"
+NO_CUDA = "GPU busy share needs CUDA (a CPU has no separate device timeline)"
+
+
+def gpu_busy_share(step: Callable[[StepClock], None], device: torch.device, steps: int = 3) -> float | None:
+    """Median share of a step's wall time with GPU work in flight; None on a CPU."""
+    if device.type != "cuda":
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            synchronize(device)
+            with record_function(WINDOW):
+                step(StepClock(device))
+                synchronize(device)
+    events = list(prof.events())
+    windows = [(e.time_range.start, e.time_range.end) for e in events if e.name == WINDOW and e.device_type == DeviceType.CPU]
+    kernels = [
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type == DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and "user_annotation" not in str(getattr(e, "activity_type", "") or "")
+        and e.name != WINDOW
+    ]
+    shares = [gpu_busy_fraction(kernels, w) for w in windows if w[1] > w[0]]
+    return statistics.median(shares) if shares else None

@@ -1,0 +1,241 @@
+"""The one timing harness used by every study.
+
+A *step* is a callable that receives a :class:`StepClock` and wraps its phases
+(forward, backward, optimizer…) in ``clock.phase(name)``. :func:`time_steps`
+runs warm-up steps untimed, then times each measured step by the wall clock
+with a CUDA synchronisation on both sides, and each phase inside it with CUDA
+events (on CPU, with the same wall clock). Events are read only after the
+step's closing synchronisation, so nothing inside a timed region waits on the
+GPU except what the measurement needs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+
+from cs336sys.measure.stats import summarize_trials
+from cs336sys.models.annotate import annotate
+
+STEP = "step"  # the name under which the whole step's wall time is reported
+
+# How every study times, set once per measuring process by the cell runner from the
+# study's config section (trials, min_warmup_s, min_measure_s), so no study forwards them.
+POLICY: dict[str, float] = {"trials": 1, "min_warmup_s": 0.0, "min_measure_s": 0.0}
+MAX_STORED_SAMPLES = 500
+_state_sampler: Callable[[], Mapping[str, object]] | None = None
+
+
+def configure(*, trials: int | None = None, min_warmup_s: float | None = None, min_measure_s: float | None = None,
+              state: Callable[[], Mapping[str, object]] | None = None) -> None:
+    """Set this process's timing policy and the GPU/host state sampler (see :func:`time_steps`)."""
+    global _state_sampler
+    for key, value in (("trials", trials), ("min_warmup_s", min_warmup_s), ("min_measure_s", min_measure_s)):
+        if value is not None:
+            POLICY[key] = value
+    if state is not None:
+        _state_sampler = state
+
+
+@dataclass
+class Stats:
+    """One phase's step times over every trial, with the 95% interval of their median (measure.stats)."""
+
+    mean_ms: float
+    std_ms: float
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    n: int
+    ci_low_ms: float
+    ci_high_ms: float
+    trial_medians_ms: list[float]
+    samples_ms: list[float] = field(repr=False)
+
+    def as_row(self) -> dict[str, object]:
+        return {
+            "median_ms": self.median_ms,
+            "ci_low_ms": self.ci_low_ms,
+            "ci_high_ms": self.ci_high_ms,
+            "mean_ms": self.mean_ms,
+            "std_ms": self.std_ms,
+            "min_ms": self.min_ms,
+            "max_ms": self.max_ms,
+            "n": self.n,
+            "trials": len(self.trial_medians_ms),
+            "trial_medians_ms": ";".join(f"{m:.4f}" for m in self.trial_medians_ms),
+            # do_bench gives thousands of calls: keep the samples where a CSV in git can hold them
+            "samples_ms": ";".join(f"{s:.4f}" for s in self.samples_ms) if self.n <= MAX_STORED_SAMPLES else "",
+        }
+
+
+def summarize(trial_samples_ms: Sequence[Sequence[float]] | Sequence[float]) -> Stats:
+    """Statistics of step times given per trial (a list of lists) or as one trial (a flat list)."""
+    trials = [list(t) for t in trial_samples_ms] if trial_samples_ms and isinstance(trial_samples_ms[0], (list, tuple)) else [list(trial_samples_ms)]
+    trials = [t for t in trials if t]
+    if not trials:
+        raise ValueError("no samples to summarize")
+    pooled = [s for t in trials for s in t]
+    interval = summarize_trials(trials)
+    return Stats(
+        mean_ms=statistics.fmean(pooled),
+        std_ms=statistics.stdev(pooled) if len(pooled) > 1 else 0.0,
+        median_ms=interval.median,
+        min_ms=min(pooled),
+        max_ms=max(pooled),
+        n=len(pooled),
+        ci_low_ms=interval.low,
+        ci_high_ms=interval.high,
+        trial_medians_ms=[statistics.median(t) for t in trials],
+        samples_ms=pooled,
+    )
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepClock:
+    """Marks named phases inside one step: CUDA events on a GPU, the wall clock on CPU."""
+
+    def __init__(self, device: torch.device, clock: Callable[[], float] = time.perf_counter):
+        self._cuda = device.type == "cuda"
+        self._clock = clock
+        self._events: list[tuple[str, object, object]] = []
+        self._cpu_ms: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        with annotate(name):  # the profile study's phase ranges; free otherwise
+            yield from self._timed(name)
+
+    def _timed(self, name: str) -> Iterator[None]:
+        if self._cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((name, start, end))
+        else:
+            t0 = self._clock()
+            yield
+            self._cpu_ms[name] += (self._clock() - t0) * 1e3
+
+    def phase_ms(self) -> dict[str, float]:
+        """Milliseconds per phase of this step (call after the step's synchronisation)."""
+        out = dict(self._cpu_ms)
+        for name, start, end in self._events:
+            out[name] = out.get(name, 0.0) + start.elapsed_time(end)
+        return out
+
+
+@dataclass
+class Timing:
+    phases: dict[str, Stats]  # includes STEP, the wall time of whole steps
+    warmup_s: float  # wall time of all warm-up (compilation and autotuning land in the first trial's)
+    warmup_steps_run: int = 0  # warm-up steps actually run, time-based ones included
+    first_step_s: float | None = None  # the first warm-up step: compilation, autotuning, allocator growth
+    state: dict[str, object] = field(default_factory=dict)  # GPU/host state at the start and end of timing
+
+
+def time_steps(
+    step: Callable[[StepClock], None],
+    *,
+    warmup: int,
+    steps: int,
+    device: torch.device,
+    trials: int | None = None,
+    min_warmup_s: float | None = None,
+    min_measure_s: float | None = None,
+    state: Callable[[], Mapping[str, object]] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    sync: Callable[[torch.device], None] = synchronize,
+) -> Timing:
+    """Time ``step`` in ``trials`` independent trials: each a warm-up, then a timed block.
+
+    A warm-up runs ``warmup`` steps, and the first one more until ``min_warmup_s``
+    has passed (an idle GPU needs time, not steps, to reach its clocks); a timed
+    block runs ``steps`` steps and then more until ``min_measure_s`` has passed.
+    Each step is timed by the wall clock between two synchronisations, each
+    phase inside it by CUDA events. ``state()`` is sampled before the first and
+    after the last timed block (``start_``/``end_`` columns): clocks, temperature.
+    Arguments left None come from :data:`POLICY` and the sampler of :func:`configure`.
+    """
+    trials = int(POLICY["trials"] if trials is None else trials)
+    min_warmup_s = POLICY["min_warmup_s"] if min_warmup_s is None else min_warmup_s
+    min_measure_s = POLICY["min_measure_s"] if min_measure_s is None else min_measure_s
+    state = state or _state_sampler
+    if steps < 1 or trials < 1:
+        raise ValueError("steps and trials must be at least 1")
+    samples: list[dict[str, list[float]]] = []
+    warmup_s, warmup_run, recorded, first_step_s = 0.0, 0, {}, None
+    for trial in range(trials):
+        t0 = clock()
+        while warmup_run < warmup * (trial + 1) or (trial == 0 and clock() - t0 < min_warmup_s):
+            step(StepClock(device, clock))
+            sync(device)
+            warmup_run += 1
+            first_step_s = clock() - t0 if warmup_run == 1 else first_step_s
+        warmup_s += clock() - t0
+        if trial == 0 and state is not None:
+            recorded.update({f"start_{k}": v for k, v in state().items()})
+        block: dict[str, list[float]] = defaultdict(list)
+        started = clock()
+        while len(block[STEP]) < steps or clock() - started < min_measure_s:
+            step_clock = StepClock(device, clock)
+            sync(device)
+            start = clock()
+            step(step_clock)
+            sync(device)
+            block[STEP].append((clock() - start) * 1e3)
+            for name, ms in step_clock.phase_ms().items():
+                block[name].append(ms)
+        samples.append(block)
+    if state is not None:
+        recorded.update({f"end_{k}": v for k, v in state().items()})
+    phases = {name: summarize([trial[name] for trial in samples]) for name in samples[0]}
+    return Timing(phases=phases, warmup_s=warmup_s, warmup_steps_run=warmup_run, first_step_s=first_step_s, state=recorded)
+
+
+def bench_stats(fn: Callable[[], object], device: torch.device, *, warmup_ms: float = 25, rep_ms: float = 100,
+                grad_to_none: Sequence[torch.Tensor] | None = None, trials: int | None = None) -> Stats:
+    """Times of ``fn`` over ``trials`` runs of ``triton.testing.do_bench`` (L2 flushed between calls).
+
+    Every call's time is kept (``return_mode="all"``), so n, the spread and the
+    interval are real; ``grad_to_none`` clears gradients between calls so a
+    backward does not time their accumulation. On CPU (tests, demo) a plain
+    loop of the same duration stands in.
+    """
+    trials = int(POLICY["trials"] if trials is None else trials)
+    per_trial = []
+    for _ in range(trials):
+        if device.type == "cuda":
+            from triton.testing import do_bench
+
+            per_trial.append([float(t) for t in do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, return_mode="all")])
+            continue
+        fn()  # warm-up
+        times: list[float] = []
+        deadline = time.perf_counter() + rep_ms / 1e3
+        while not times or (time.perf_counter() < deadline and len(times) < 100):
+            for t in grad_to_none or ():
+                t.grad = None
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        per_trial.append(times)
+    return summarize(per_trial)
+
+
+def timing_rows(timing: Timing, flops: Mapping[str, float | None], extra: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """One row per timed phase: its statistics, its FLOPs, the warm-up, the state and ``extra`` columns."""
+    for phase, stats in timing.phases.items():
+        yield {"phase": phase, **stats.as_row(), "flops": flops.get(phase), "warmup_s": timing.warmup_s,
+               "warmup_steps_run": timing.warmup_steps_run, "first_step_s": timing.first_step_s, **timing.state, **extra}  # fmt: skip

@@ -1,0 +1,499 @@
+"""Fused attention in Triton: FlashAttention-2 softmax attention and fused ReLU attention.
+
+Softmax attention follows the FlashAttention-2 forward of CS336 assignment 2 (Algorithm 1): a
+program owns one tile of queries and streams tiles of K and V through an online softmax (running
+row max m and row sum l, fp32), then saves O and the row logsumexp L. The backward recomputes
+P = exp(S - L) tile by tile: D = rowsum(O ∘ dO), one program per K/V tile for dK and dV, and one
+program per Q tile for dQ (no atomics, so results are deterministic).
+
+ReLU attention (Wortsman et al. 2023) is O = relu(Q Kᵀ / √d) V / L_k with L_k the full key length;
+causal entries j > i are zero. It shares the kernels through the SOFTMAX constexpr and needs no
+row statistics, so neither direction stores anything of size L×L.
+
+Inputs are (batch, heads, seq, d) or (batch, seq, d), self-attention (Lq == Lk), causal mask
+aligned top-left. Tensors are made contiguous, so HEAD_DIM is the row stride of every tensor.
+The d block is padded to a power of two (≥ 16, tl.dot's minimum) and sequence tails are masked.
+fp32 inputs use TF32x3 dots (about fp32 accuracy on tensor cores) unless
+torch.backends.cuda.matmul.allow_tf32 is set, the switch torch.matmul obeys, which gives TF32.
+Under TRITON_INTERPRET=1 (the CPU tests) each kernel has one small config.
+
+The kernel layout and the exp2 trick follow Triton's tutorial 06-fused-attention.py.
+"""
+
+import inspect
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+# ----------------------------------------------------------------------------- tuning
+
+def _configs(kind: str) -> list[triton.Config]:
+    """Candidates: BLOCK_M tiles queries, BLOCK_N keys. Each is tagged with the widest head it
+    is tried for (wider ones spill registers) and with the operand width it is meant for (fp32
+    tiles take twice the shared memory, and TF32x3 three times the registers, of bf16 ones)."""
+    if _INTERPRET:  # one config: the interpreter runs each program serially on the CPU
+        bm, bn = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16)}[kind]
+        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=4, num_stages=1)]
+    table = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages, d_max, for fp32), Hopper-leaning
+        "fwd": [(128, 64, 4, 3, 64, False), (128, 64, 8, 4, 64, False), (128, 64, 8, 3, 256, False),
+                (128, 128, 8, 3, 256, False), (64, 64, 4, 3, 256, False), (32, 32, 4, 2, 256, True)],
+        "dkdv": [(32, 64, 4, 3, 64, False), (32, 128, 4, 4, 64, False), (64, 64, 4, 3, 256, False),
+                 (64, 64, 8, 3, 256, False), (64, 128, 8, 2, 256, False), (32, 32, 4, 2, 256, True)],
+        "dq": [(64, 32, 4, 3, 256, False), (64, 64, 4, 3, 256, False), (64, 64, 8, 3, 256, False),
+               (128, 32, 8, 3, 256, False), (32, 32, 4, 2, 256, True)],
+    }[kind]
+    configs = []
+    for bm, bn, w, s, d_max, fp32 in table:
+        configs.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s))
+        configs[-1].d_max, configs[-1].fp32 = d_max, fp32  # read by _prune, not passed to the kernel
+    return configs
+
+
+def _prune(configs, named_args, **kwargs):
+    args = {**named_args, **kwargs}
+    fp32 = args["Q"].dtype == torch.float32
+    limit = max(64, triton.next_power_of_2(args["N_CTX"]))  # longer tiles only add masked work
+    kept = [c for c in configs if c.fp32 == fp32 and args["HEAD_DIM"] <= c.d_max
+            and max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) <= limit]
+    return kept or [c for c in configs if c.fp32 == fp32][-1:]
+
+
+def _autotune(kind: str):
+    # the autotuner adds each tensor argument's dtype to the key by itself; cache_results keeps the
+    # winner on disk beside the compiled kernels (TRITON_CACHE_DIR), so the next cell of the same
+    # shape does not autotune again (15-28 s per cold cell measured on an H100)
+    cache = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+    return triton.autotune(configs=_configs(kind), key=["N_BUCKET", "HEAD_DIM", "IS_CAUSAL", "SOFTMAX"],
+                           prune_configs_by={"early_config_prune": _prune}, **cache)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+@triton.jit
+def _load_tile(PTR, rows, offs_d, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               MASK_ROWS: tl.constexpr):
+    """(len(rows), BLOCK_D) tile of a row-major (N_CTX, HEAD_DIM) matrix; padding reads 0."""
+    ptrs = PTR + rows[:, None] * HEAD_DIM + offs_d[None, :]
+    if MASK_ROWS:
+        x = tl.load(ptrs, mask=(rows[:, None] < N_CTX) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    elif BLOCK_D != HEAD_DIM:
+        x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _store_tile(PTR, x, rows, offs_d, N_CTX, HEAD_DIM: tl.constexpr):
+    ptrs = PTR + rows[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(ptrs, x.to(PTR.dtype.element_ty), mask=(rows[:, None] < N_CTX) & (offs_d[None, :] < HEAD_DIM))
+
+
+# ----------------------------------------------------------------------------- forward
+
+@triton.jit
+def _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, offs_d, lo, hi, qk_scale, N_CTX,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                    IS_CAUSAL: tl.constexpr, SOFTMAX: tl.constexpr, MASKED: tl.constexpr,
+                    INPUT_PRECISION: tl.constexpr):
+    """Accumulate key tiles [lo, hi); MASKED tiles may cross the diagonal or the sequence end."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        k = _load_tile(K, cols, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED)
+        v = _load_tile(V, cols, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED)
+        # -- S = Q Kᵀ, unscaled, fp32 --
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        if MASKED:
+            keep = cols[None, :] < N_CTX
+            if IS_CAUSAL:
+                keep = keep & (offs_m[:, None] >= cols[None, :])
+        if SOFTMAX:
+            # -- online softmax in base 2 (qk_scale holds log2(e)) --
+            # Every row meets an unmasked key in its first tile, so m_ij is finite: no inf - inf.
+            if MASKED:
+                s = tl.where(keep, s * qk_scale, float("-inf"))
+                m_ij = tl.maximum(m_i, tl.max(s, 1))
+                s = s - m_ij[:, None]
+            else:
+                m_ij = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+                s = s * qk_scale - m_ij[:, None]
+            p = tl.math.exp2(s)
+            alpha = tl.math.exp2(m_i - m_ij)  # rescales what was summed under the old max
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            m_i = m_ij
+        else:
+            p = tl.maximum(s * qk_scale, 0.0)  # qk_scale is 1/√d here
+            if MASKED:
+                p = tl.where(keep, p, 0.0)
+        # -- O += P V: P rounded to the input dtype, accumulated in fp32 --
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+    return acc, l_i, m_i
+
+
+@_autotune("fwd")
+@triton.jit
+def _attn_fwd(Q, K, V, O, LSE, qk_scale, N_CTX, N_BUCKET,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr,
+              SOFTMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    tl.static_assert(BLOCK_M % BLOCK_N == 0)  # the diagonal stage starts on a key-tile boundary
+    start_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    if IS_CAUSAL:
+        start_m = tl.num_programs(0) - 1 - start_m  # longest rows first: less idle tail
+    offset = off_bh.to(tl.int64) * N_CTX * HEAD_DIM
+    Q += offset
+    K += offset
+    V += offset
+    O += offset
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load_tile(Q, offs_m, offs_d, N_CTX, HEAD_DIM, BLOCK_D, True)  # stays on chip throughout
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if IS_CAUSAL:
+        # stage 1: key tiles left of the diagonal, unmasked; stage 2: the diagonal, masked.
+        # Key tiles right of the diagonal are fully masked and never visited.
+        diag = start_m * BLOCK_M
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, offs_d, 0, diag, qk_scale, N_CTX,
+                                        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, False, INPUT_PRECISION)
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, offs_d, diag,
+                                        tl.minimum(diag + BLOCK_M, N_CTX), qk_scale, N_CTX,
+                                        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, True, INPUT_PRECISION)
+    else:
+        # full key tiles unmasked, then the ragged last tile (if any) masked
+        n_full = N_CTX - N_CTX % BLOCK_N
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, offs_d, 0, n_full, qk_scale, N_CTX,
+                                        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, False, INPUT_PRECISION)
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, offs_d, n_full, N_CTX, qk_scale, N_CTX,
+                                        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, True, INPUT_PRECISION)
+    # -- epilogue --
+    if SOFTMAX:
+        acc = acc / l_i[:, None]
+        lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453  # back to natural log: ×ln(2)
+        tl.store(LSE + off_bh.to(tl.int64) * N_CTX + offs_m, lse, mask=offs_m < N_CTX)
+    else:
+        acc = acc * (1.0 / N_CTX)  # divide by L_k, the full key length, masked keys included
+    _store_tile(O, acc, offs_m, offs_d, N_CTX, HEAD_DIM)
+
+
+# ----------------------------------------------------------------------------- backward
+
+@triton.jit
+def _attn_bwd_preprocess(O, DO, DELTA, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_M: tl.constexpr):
+    # D_i = rowsum(O ∘ dO)_i = Σ_j P_ij dP_ij, the softmax-Jacobian term of dS
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    off_bh = tl.program_id(1)
+    offs_d = tl.arange(0, BLOCK_D)
+    offset = off_bh.to(tl.int64) * N_CTX * HEAD_DIM
+    o = _load_tile(O + offset, offs_m, offs_d, N_CTX, HEAD_DIM, BLOCK_D, True).to(tl.float32)
+    do = _load_tile(DO + offset, offs_m, offs_d, N_CTX, HEAD_DIM, BLOCK_D, True).to(tl.float32)
+    tl.store(DELTA + off_bh.to(tl.int64) * N_CTX + offs_m, tl.sum(o * do, 1), mask=offs_m < N_CTX)
+
+
+@triton.jit
+def _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, offs_d, lo, hi, qk_scale, N_CTX,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                         IS_CAUSAL: tl.constexpr, SOFTMAX: tl.constexpr, MASKED: tl.constexpr,
+                         INPUT_PRECISION: tl.constexpr):
+    """Accumulate dK, dV of one key tile over query tiles [lo, hi), working on transposes."""
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        rows = start_m + tl.arange(0, BLOCK_M)
+        q = _load_tile(Q, rows, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED)
+        do = _load_tile(DO, rows, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED)
+        # -- recompute Sᵀ (keys × queries) and dPᵀ = V dOᵀ --
+        sT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)
+        dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
+        if MASKED:
+            keep = rows[None, :] < N_CTX
+            if IS_CAUSAL:
+                keep = keep & (rows[None, :] >= offs_n[:, None])
+        if SOFTMAX:
+            if MASKED:
+                lse = tl.load(LSE + rows, mask=rows < N_CTX, other=0.0)
+                delta = tl.load(DELTA + rows, mask=rows < N_CTX, other=0.0)
+            else:
+                lse = tl.load(LSE + rows)
+                delta = tl.load(DELTA + rows)
+            # Pᵀ = exp(S·scale − L), in base 2: exp(x) = exp2(x / ln 2)
+            pT = tl.math.exp2(sT * qk_scale - lse[None, :] * 1.4426950408889634)  # 1/ln(2)
+            if MASKED:
+                pT = tl.where(keep, pT, 0.0)
+            dsT = pT * (dpT - delta[None, :])  # dS = P ∘ (dP − D)
+        else:
+            # relu: P = relu(S)·scale/L_k; the factor scale/L_k is applied once, at the end
+            pos = sT > 0.0
+            if MASKED:
+                pos = pos & keep
+            pT = tl.where(pos, sT, 0.0)
+            dsT = tl.where(pos, dpT, 0.0)
+        # -- dV += Pᵀ dO; dK += dSᵀ Q --
+        dv = tl.dot(pT.to(q.dtype), do, dv, input_precision=INPUT_PRECISION)
+        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
+    return dk, dv
+
+
+@_autotune("dkdv")
+@triton.jit
+def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale, N_CTX, N_BUCKET,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                   SOFTMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    tl.static_assert(BLOCK_N % BLOCK_M == 0)  # query tiles start on the key tile's diagonal
+    start_n = tl.program_id(0) * BLOCK_N  # first key tiles see the most queries: launched first
+    off_bh = tl.program_id(1)
+    offset = off_bh.to(tl.int64) * N_CTX * HEAD_DIM
+    Q += offset
+    K += offset
+    V += offset
+    DO += offset
+    DK += offset
+    DV += offset
+    LSE += off_bh.to(tl.int64) * N_CTX
+    DELTA += off_bh.to(tl.int64) * N_CTX
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = _load_tile(K, offs_n, offs_d, N_CTX, HEAD_DIM, BLOCK_D, True)
+    v = _load_tile(V, offs_n, offs_d, N_CTX, HEAD_DIM, BLOCK_D, True)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # 1/ln(2)
+    m_full = N_CTX - N_CTX % BLOCK_M
+    if IS_CAUSAL:
+        # query tiles above the diagonal see none of these keys: start at it, masked; then the
+        # query tiles below it, unmasked; then the ragged last query tile, masked
+        mid = start_n + BLOCK_N
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, offs_d, start_n,
+                                      tl.minimum(mid, N_CTX), qk_scale, N_CTX, HEAD_DIM, BLOCK_D, BLOCK_M,
+                                      IS_CAUSAL, SOFTMAX, True, INPUT_PRECISION)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, offs_d, mid, m_full,
+                                      qk_scale, N_CTX, HEAD_DIM, BLOCK_D, BLOCK_M,
+                                      IS_CAUSAL, SOFTMAX, False, INPUT_PRECISION)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, offs_d,
+                                      tl.maximum(mid, m_full), N_CTX, qk_scale, N_CTX, HEAD_DIM, BLOCK_D,
+                                      BLOCK_M, IS_CAUSAL, SOFTMAX, True, INPUT_PRECISION)
+    else:
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, offs_d, 0, m_full,
+                                      qk_scale, N_CTX, HEAD_DIM, BLOCK_D, BLOCK_M,
+                                      IS_CAUSAL, SOFTMAX, False, INPUT_PRECISION)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, offs_d, m_full, N_CTX,
+                                      qk_scale, N_CTX, HEAD_DIM, BLOCK_D, BLOCK_M,
+                                      IS_CAUSAL, SOFTMAX, True, INPUT_PRECISION)
+    if SOFTMAX:
+        dk = dk * sm_scale  # S was scaled by 1/√d in the forward
+    else:
+        dk = dk * (sm_scale / N_CTX)
+        dv = dv * (sm_scale / N_CTX)
+    _store_tile(DK, dk, offs_n, offs_d, N_CTX, HEAD_DIM)
+    _store_tile(DV, dv, offs_n, offs_d, N_CTX, HEAD_DIM)
+
+
+@triton.jit
+def _attn_bwd_dq_inner(dq, q, do, lse2, delta, K, V, offs_m, offs_d, lo, hi, qk_scale, N_CTX,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                       IS_CAUSAL: tl.constexpr, SOFTMAX: tl.constexpr, MASKED: tl.constexpr,
+                       INPUT_PRECISION: tl.constexpr):
+    """Accumulate dQ of one query tile over key tiles [lo, hi)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        k = _load_tile(K, cols, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED)
+        v = _load_tile(V, cols, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED)
+        # -- recompute S and dP = dO Vᵀ --
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+        if MASKED:
+            keep = cols[None, :] < N_CTX
+            if IS_CAUSAL:
+                keep = keep & (offs_m[:, None] >= cols[None, :])
+        if SOFTMAX:
+            p = tl.math.exp2(s * qk_scale - lse2[:, None])
+            if MASKED:
+                p = tl.where(keep, p, 0.0)
+            ds = p * (dp - delta[:, None])
+        else:
+            pos = s > 0.0
+            if MASKED:
+                pos = pos & keep
+            ds = tl.where(pos, dp, 0.0)
+        # -- dQ += dS K --
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=INPUT_PRECISION)
+    return dq
+
+
+@_autotune("dq")
+@triton.jit
+def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sm_scale, N_CTX, N_BUCKET,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                 SOFTMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    tl.static_assert(BLOCK_M % BLOCK_N == 0)  # the diagonal stage starts on a key-tile boundary
+    start_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    if IS_CAUSAL:
+        start_m = tl.num_programs(0) - 1 - start_m  # longest rows first
+    offset = off_bh.to(tl.int64) * N_CTX * HEAD_DIM
+    Q += offset
+    K += offset
+    V += offset
+    DO += offset
+    DQ += offset
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load_tile(Q, offs_m, offs_d, N_CTX, HEAD_DIM, BLOCK_D, True)
+    do = _load_tile(DO, offs_m, offs_d, N_CTX, HEAD_DIM, BLOCK_D, True)
+    if SOFTMAX:
+        stats = off_bh.to(tl.int64) * N_CTX + offs_m
+        lse2 = tl.load(LSE + stats, mask=offs_m < N_CTX, other=0.0) * 1.4426950408889634  # base 2
+        delta = tl.load(DELTA + stats, mask=offs_m < N_CTX, other=0.0)
+    else:
+        lse2 = tl.zeros([BLOCK_M], tl.float32)  # unused by relu
+        delta = lse2
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # 1/ln(2)
+    if IS_CAUSAL:
+        diag = start_m * BLOCK_M
+        dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, K, V, offs_m, offs_d, 0, diag, qk_scale, N_CTX,
+                                HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, False, INPUT_PRECISION)
+        dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, K, V, offs_m, offs_d, diag,
+                                tl.minimum(diag + BLOCK_M, N_CTX), qk_scale, N_CTX,
+                                HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, True, INPUT_PRECISION)
+    else:
+        n_full = N_CTX - N_CTX % BLOCK_N
+        dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, K, V, offs_m, offs_d, 0, n_full, qk_scale, N_CTX,
+                                HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, False, INPUT_PRECISION)
+        dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, K, V, offs_m, offs_d, n_full, N_CTX, qk_scale,
+                                N_CTX, HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, True, INPUT_PRECISION)
+    if SOFTMAX:
+        dq = dq * sm_scale
+    else:
+        dq = dq * (sm_scale / N_CTX)
+    _store_tile(DQ, dq, offs_m, offs_d, N_CTX, HEAD_DIM)
+
+
+# ----------------------------------------------------------------------------- launchers
+
+def _as_bhnd(x: torch.Tensor) -> torch.Tensor:
+    """(batch, heads, seq, d) contiguous; a 3-d (batch, seq, d) input gets heads = 1."""
+    if x.dim() == 3:
+        x = x.unsqueeze(1)
+    if x.dim() != 4:
+        raise ValueError(f"expected (batch, heads, seq, d) or (batch, seq, d), got {tuple(x.shape)}")
+    return x.contiguous()
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"q, k, v must share one shape (self-attention), got {q.shape}, {k.shape}, {v.shape}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"q, k, v must share one dtype of fp32, bf16, fp16; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[-1] > 256:
+        raise ValueError(f"head dim {q.shape[-1]} > 256 is not supported")
+
+
+def _kernel_args(q: torch.Tensor) -> dict:
+    n, d = q.shape[-2], q.shape[-1]
+    # fp32 dots follow torch.matmul's switch: plain TF32 only where the user allowed it, else
+    # TF32x3 (three TF32 products, ~fp32 accuracy, still on tensor cores); ignored for bf16/fp16
+    tf32 = q.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32
+    return dict(N_CTX=n, N_BUCKET=triton.next_power_of_2(n), HEAD_DIM=d,
+                BLOCK_D=max(16, triton.next_power_of_2(d)), INPUT_PRECISION="tf32" if tf32 else "tf32x3")
+
+
+def _forward(q, k, v, is_causal: bool, softmax: bool):
+    """q, k, v: (B, H, N, D) contiguous -> O (B, H, N, D), L (B, H, N) fp32 (softmax only)."""
+    batch, heads, n, d = q.shape
+    o = torch.empty_like(q)
+    lse = torch.empty((batch, heads, n if softmax else 1), device=q.device, dtype=torch.float32)
+    sm_scale = 1.0 / math.sqrt(d)
+    qk_scale = sm_scale * 1.4426950408889634 if softmax else sm_scale  # softmax runs in base 2
+
+    def grid(meta):  # (batch, head) slowest: programs in flight share one head's K, V in L2
+        return (triton.cdiv(n, meta["BLOCK_M"]), batch * heads)
+
+    _attn_fwd[grid](q, k, v, o, lse, qk_scale, **_kernel_args(q), IS_CAUSAL=is_causal, SOFTMAX=softmax)
+    return o, lse
+
+
+def _backward(do, q, k, v, o, lse, is_causal: bool, softmax: bool):
+    batch, heads, n, d = q.shape
+    args = _kernel_args(q)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    sm_scale = 1.0 / math.sqrt(d)
+    if softmax:
+        delta = torch.empty_like(lse)
+        pre_block = 64
+        _attn_bwd_preprocess[(triton.cdiv(n, pre_block), batch * heads)](
+            o, do, delta, n, HEAD_DIM=d, BLOCK_D=args["BLOCK_D"], BLOCK_M=pre_block)
+    else:
+        lse = delta = do  # placeholders: relu reads no row statistics
+
+    def grid_n(meta):
+        return (triton.cdiv(n, meta["BLOCK_N"]), batch * heads)
+
+    def grid_m(meta):
+        return (triton.cdiv(n, meta["BLOCK_M"]), batch * heads)
+
+    _attn_bwd_dkdv[grid_n](q, k, v, do, lse, delta, dk, dv, sm_scale, **args,
+                           IS_CAUSAL=is_causal, SOFTMAX=softmax)
+    _attn_bwd_dq[grid_m](q, k, v, do, lse, delta, dq, sm_scale, **args, IS_CAUSAL=is_causal, SOFTMAX=softmax)
+    return dq, dk, dv
+
+
+class _FusedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal: bool, softmax: bool):
+        _check(q, k, v)
+        shape = q.shape
+        q4, k4, v4 = _as_bhnd(q), _as_bhnd(k), _as_bhnd(v)
+        o, lse = _forward(q4, k4, v4, is_causal, softmax)
+        # relu's backward needs neither O nor L
+        ctx.save_for_backward(q4, k4, v4, o if softmax else None, lse if softmax else None)
+        ctx.shape, ctx.is_causal, ctx.softmax = shape, is_causal, softmax
+        return o.view(shape)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        do = do.reshape(q.shape).contiguous()
+        dq, dk, dv = _backward(do, q, k, v, o, lse, ctx.is_causal, ctx.softmax)
+        return dq.view(ctx.shape), dk.view(ctx.shape), dv.view(ctx.shape), None, None
+
+
+# ----------------------------------------------------------------------------- public API
+# torch.compile graph-breaks around these calls instead of tracing into the launchers (Dynamo cannot
+# trace the Triton interpreter, and autotuner pruning is outside its user-kernel support).
+
+@torch.compiler.disable
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+    """softmax(q kᵀ/√d) v with FlashAttention-2 kernels, forward and backward in Triton."""
+    return _FusedAttention.apply(q, k, v, is_causal, True)
+
+
+@torch.compiler.disable
+def flash_attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward only: (O, L), L the natural-log logsumexp of the scaled scores, fp32, q.shape[:-1]."""
+    _check(q, k, v)
+    with torch.no_grad():
+        o, lse = _forward(_as_bhnd(q), _as_bhnd(k), _as_bhnd(v), is_causal, softmax=True)
+    return o.view(q.shape), lse.view(q.shape[:-1])
+
+
+@torch.compiler.disable
+def relu_attention_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+    """(relu(q kᵀ/√d) / L_k) v, causal entries zero, L_k the sequence length; memory linear in L."""
+    return _FusedAttention.apply(q, k, v, is_causal, False)

@@ -1,0 +1,258 @@
+"""The one cell runner: one grid cell's measurement → rows that always carry a status.
+
+The measurement runs in a child process so that whatever happens to it becomes
+data: ``torch.OutOfMemoryError`` (caught by type) → ``oom``; any other
+exception → ``error``; the child dying (segfault, ``abort``, a fatal CUDA error)
+→ ``error`` with its exit signal; running past the time limit → ``timeout``;
+a cell that cannot run here (CUDA needed on a CPU machine) → ``skipped``.
+Rows measured before a failure are kept, and the failure row names the part
+(e.g. ``mode=train``) that failed.
+
+A measurement is a generator function ``fn(device, context, **kwargs)``
+yielding row dicts; it records what it is doing in ``context`` (a dict whose
+keys are copied into a failure row). Test hook: ``CS336SYS_INJECT_FAULT`` =
+``oom|error|abort|hang[:<cell-id substring>]`` makes matching cells fail that
+way inside the child, so the failure paths are exercised without a real GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cs336sys.pipeline.rows import Skip
+
+from cs336sys.pipeline.faults import FAULT_ENV
+OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+@dataclass
+class Cell:
+    study: str
+    cell_id: str
+    axes: dict[str, Any]  # the grid coordinates, copied into every row
+    target: str  # "module:function" of the measurement generator
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    device: str = "cuda"  # cuda | cpu | auto
+    timeout_s: float = 600.0
+    memory_fraction: float | None = None
+    timing: dict[str, Any] = field(default_factory=dict)  # trials, min_warmup_s, min_measure_s (measure.timing)
+    cache_dir: str | None = None  # Triton's and torch.compile's on-disk caches: a rerun compiles and autotunes nothing
+
+
+def _inject_fault(cell_id: str, spec: str) -> None:
+    if not spec:
+        return
+    kind, _, where = spec.partition(":")
+    if where and where not in cell_id:
+        return
+    if kind == "oom":
+        raise OutOfMemoryError(f"CUDA out of memory (injected by {FAULT_ENV})")
+    if kind == "error":
+        raise RuntimeError(f"injected error ({FAULT_ENV})")
+    if kind == "abort":
+        os.abort()
+    if kind == "hang":
+        time.sleep(3600)
+
+
+def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> None:
+    from cs336sys.pipeline.lifeline import die_with_parent, watch_pid
+
+    # An orphan would keep the GPU busy while the resumed run measures the next cell.
+    if os.getppid() == job_pid:
+        die_with_parent(job_pid)
+    else:  # a forkserver's child: its parent is the server, not the job
+        watch_pid(job_pid)
+    os.environ.update(pins)  # CUDA_VISIBLE_DEVICES of the leased GPU, before CUDA initialises
+    if cell.cache_dir:  # read by Triton and inductor when they first compile, after this point
+        cache = Path(cell.cache_dir).resolve()
+        os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+
+    from cs336sys.measure import gpu_state, timing
+    from cs336sys.measure.env import environment, pick_device
+    from cs336sys.measure.memory import cap_memory, release
+
+    context: dict[str, Any] = {}
+    device = None
+    try:
+        try:
+            device = pick_device(cell.device)
+        except RuntimeError as exc:
+            raise Skip(str(exc)) from exc
+        env = environment(device)
+        if device.type == "cuda":
+            static = gpu_state.gpu_state()
+            env.update({k: static[k] for k in ("gpu_index", "gpu_uuid", "max_sm_clock_mhz", "gpu_state_note")})
+            env.update({k: v for k, v in gpu_state.host_state().items() if k != "load_avg_1m"})
+        timing.configure(**cell.timing, state=gpu_state.sample if device.type == "cuda" else gpu_state.host_load)
+        conn.send(("env", env))
+        cap_memory(cell.memory_fraction, device)
+        _inject_fault(cell.cell_id, fault)
+        module, _, name = cell.target.partition(":")
+        measure = getattr(importlib.import_module(module), name)
+        for row in measure(device=device, context=context, **cell.kwargs):
+            conn.send(("row", row))
+        conn.send(("done", None))
+    except OutOfMemoryError as exc:
+        if device is not None:
+            release(device)
+        conn.send(("oom", (str(exc).partition("\n")[0][:500] or "CUDA out of memory", context)))
+    except Skip as exc:
+        conn.send(("skipped", (str(exc), context)))
+    except Exception as exc:  # any measured failure becomes a row, never a crash of the workflow
+        traceback.print_exc()
+        conn.send(("error", (f"{type(exc).__name__}: {exc}"[:1000], context)))
+    finally:
+        conn.close()
+
+
+def _context(start_method: str | None):
+    """``forkserver`` (default) is safe whatever this process has done; ``fork`` is faster.
+
+    fork is only safe while this process has neither touched CUDA (even
+    ``torch.cuda.is_available()`` marks a process so that a forked child cannot
+    initialise CUDA) nor run a multi-threaded torch op (GNU OpenMP's pool does
+    not survive a fork: the child hangs). That holds for the workflow's job
+    scripts and the CLI, so they ask for it; library callers (notebooks, tests)
+    get the safe default.
+    """
+    method = start_method or "forkserver"
+    if method == "fork" and torch.cuda.is_initialized():
+        method = "forkserver"
+    if method not in mp.get_all_start_methods():
+        method = "spawn"
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["torch", "cs336sys.pipeline.cells"])
+    return ctx
+
+
+@contextlib.contextmanager
+def _main_not_reimported():
+    """Keep a spawned child from re-running the parent's script.
+
+    Spawn re-imports ``__main__`` by path when it has no module spec; a
+    Snakemake ``script:`` is such a file, and re-running it in the child would
+    start the cell again. Without ``__file__`` the child imports nothing.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None) if main is not None and getattr(main, "__spec__", None) is None else None
+    if path is None:
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
+def _exit_reason(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"measuring process died with signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"measuring process died with signal {-exitcode}"
+    return f"measuring process exited with code {exitcode} before reporting"
+
+
+def _base_env(cell: Cell) -> dict[str, Any]:
+    from cs336sys.measure.env import environment
+
+    env = environment(torch.device("cpu"))  # parent never touches CUDA; the child overrides these
+    env.update(device=cell.device, device_name="", driver_version="")
+    return env
+
+
+def _needs_lease(cell: Cell) -> bool:
+    # CPU cells on a GPU host leave the GPUs alone; fake GPUs (tests) lock any cell
+    return cell.device != "cpu" or bool(os.environ.get("CS336SYS_FAKE_GPUS"))
+
+
+def run_cell(cell: Cell, start_method: str | None = None) -> list[dict[str, Any]]:
+    """Run ``cell`` in a child process and return its rows (at least one), each with a status.
+
+    One cell at a time per GPU, across every run on the host: the job holds a
+    lock on a GPU (``pipeline.gpulock``) from before the child starts until it
+    is gone, and pins the child to that GPU; a cell that waited says how long.
+    ``start_method``: see :func:`_context`; pass ``"fork"`` only from a process
+    that has run no torch computation.
+    """
+    from cs336sys.pipeline import gpulock
+
+    gpus = gpulock.visible_gpus() if _needs_lease(cell) else []
+    if not gpus:
+        return _run_child(cell, start_method, None)
+    with gpulock.acquire_gpu(gpus) as lease:
+        return _run_child(cell, start_method, lease)
+
+
+def _run_child(cell: Cell, start_method: str | None, lease) -> list[dict[str, Any]]:
+    from cs336sys.pipeline import gpulock
+
+    ctx = _context(start_method)
+    parent_conn, child_conn = ctx.Pipe(duplex=False)
+    pins = gpulock.pin_environment(lease) if lease is not None else {}
+    # The fault spec is read here: a forkserver child has the server's environment, not ours.
+    args = (child_conn, cell, os.environ.get(FAULT_ENV, ""), os.getpid(), pins)
+    proc = ctx.Process(target=_child, args=args, daemon=True)
+    with _main_not_reimported():
+        proc.start()
+    child_conn.close()
+
+    env, rows, failure = _base_env(cell), [], None
+    deadline = time.monotonic() + cell.timeout_s
+    while failure is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            failure = ("timeout", f"cell exceeded its time limit of {cell.timeout_s:g} s", {})
+            break
+        try:
+            if not parent_conn.poll(min(remaining, 1.0)):
+                if not proc.is_alive() and not parent_conn.poll(0):
+                    failure = ("error", _exit_reason(proc.exitcode), {})
+                continue
+            kind, payload = parent_conn.recv()
+        except (EOFError, OSError):
+            proc.join(5)
+            failure = ("error", _exit_reason(proc.exitcode), {})
+            break
+        if kind == "env":
+            env.update(payload)
+        elif kind == "row":
+            rows.append({**payload, "status": "ok", "error": ""})
+        elif kind == "done":
+            break
+        else:
+            failure = (kind, payload[0], payload[1])
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+    if failure is not None:
+        status, error, context = failure
+        rows.append({**context, "status": status, "error": error})
+    env.update(gpulock.lease_columns(lease) if lease is not None else {}, finished_at=_now())
+    return [{"study": cell.study, "cell_id": cell.cell_id, **cell.axes, **row, **env} for row in rows]
+
+
+def _now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")

@@ -1,0 +1,163 @@
+"""Config validation: the JSON schema fills defaults and checks types, then the checks a schema cannot say.
+
+Errors name the offending key as a dotted path (``e2e.batch_size``) and what is
+allowed, all before any job starts. The schema's ``default:`` values are the
+only defaults: validation writes them into the config, so the workflow, the CLI
+and the report all see the same complete settings.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import jsonschema
+import yaml
+
+from cs336sys.models.sizes import MODEL_SIZES, known_sizes
+
+SCHEMA_PATH = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _path(parts) -> str:
+    return ".".join(str(p) for p in parts) or "<top level>"
+
+
+def _fill_defaults(validator_class, root: Mapping[str, Any]):
+    """A validator that writes each property's ``default`` into the instance before checking it."""
+    check_properties = validator_class.VALIDATORS["properties"]
+
+    def resolve(sub: Mapping[str, Any]) -> Mapping[str, Any]:
+        while "$ref" in sub and "default" not in sub:  # only local "#/$defs/<name>" references here
+            sub = root["$defs"][sub["$ref"].rpartition("/")[2]]
+        return sub
+
+    def properties(validator, props, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in props.items():
+                sub = resolve(sub)
+                if name not in instance and "default" in sub:
+                    instance[name] = _copy(sub["default"])
+        yield from check_properties(validator, props, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": properties})
+
+
+def _copy(value: Any) -> Any:
+    return yaml.safe_load(yaml.safe_dump(value))
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ConfigError(f"{key_node.start_mark.name}:{key_node.start_mark.line + 1}: config key {key!r} is given twice "
+                              f"(first on line {seen[key] + 1}); a second block would silently replace the first")  # fmt: skip
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Read a config file: a missing file, a syntax error or a duplicate key names the file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {exc.problem}") from None
+
+
+def load_schema(schema_path: str | Path = SCHEMA_PATH) -> dict:
+    return yaml.safe_load(Path(schema_path).read_text())
+
+
+def validate_schema(config: dict, schema_path: str | Path = SCHEMA_PATH) -> None:
+    schema = load_schema(schema_path)
+    validator = _fill_defaults(jsonschema.Draft202012Validator, schema)(schema)
+    # study sections are filled only for the studies that run: an unused section stays as written
+    for name in config.get("studies") or []:
+        if isinstance(name, str) and name in schema["properties"] and config.get(name) is None:
+            config[name] = {}
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    if not errors:
+        return
+    lines = []
+    for err in errors:
+        if err.validator == "additionalProperties":
+            extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+            where = _path(err.absolute_path)
+            allowed = ", ".join(err.schema.get("properties", {}))
+            lines += [f"unknown config key {_path(list(err.absolute_path) + [k])!r} (allowed under {where}: {allowed})" for k in extra]
+        else:
+            lines.append(f"config key {_path(err.absolute_path)!r}: {err.message}")
+    raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
+
+
+def _numbers(value: Any, path: tuple = ()) -> Iterator[tuple[tuple, float]]:
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            yield from _numbers(sub, path + (key,))
+    elif isinstance(value, list):
+        for i, sub in enumerate(value):
+            yield from _numbers(sub, path + (i,))
+    elif isinstance(value, float):
+        yield path, value
+
+
+def validate_semantics(config: Mapping[str, Any]) -> None:
+    """Checks across keys: finite numbers, model sizes exist and are sound, grids are not empty."""
+    from cs336sys import studies as S
+
+    problems = [f"config key {_path(p)!r}: {v} is not a finite number" for p, v in _numbers(dict(config)) if not math.isfinite(v)]
+    extra = config.get("extra_sizes") or {}
+    problems += [f"config key 'extra_sizes.{name}': {name!r} is a built-in size; give the extra size another name" for name in extra if name in MODEL_SIZES]
+    sizes = known_sizes({k: v for k, v in extra.items() if k not in MODEL_SIZES})
+    for name, size in sizes.items():
+        if size.d_model % size.num_heads:
+            problems.append(f"config key 'extra_sizes.{name}': d_model {size.d_model} is not divisible by num_heads {size.num_heads}")
+        elif (size.d_model // size.num_heads) % 2:
+            problems.append(f"config key 'extra_sizes.{name}': head dimension d_model/num_heads = {size.d_model // size.num_heads} is odd; RoPE needs it even")
+    for study in config.get("studies", []):
+        grid = (config.get(study) or {}).get("grid") or {}
+        for name in grid.get("size", []):
+            if name not in sizes:
+                problems.append(f"config key '{study}.grid.size': unknown model size {name!r}; known sizes: {', '.join(sizes)}")
+    if not problems:
+        for study in config.get("studies", []):
+            if not S.cells(study, config[study]):
+                problems.append(f"config key '{study}.grid': no valid cell (every combination is invalid, e.g. embed_dim not divisible by num_heads or sdpa × relu)")
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def coerce_command_line(config: dict) -> None:
+    """``--config check_local_cuda=false`` arrives as the string 'false': make it the boolean it means."""
+    value = config.get("check_local_cuda")
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        config["check_local_cuda"] = value.lower() == "true"
+
+
+def validate_config(config: dict, schema_path: str | Path = SCHEMA_PATH) -> dict:
+    """Fill defaults into ``config`` and check it; raises ConfigError naming each bad key."""
+    coerce_command_line(config)
+    validate_schema(config, schema_path)
+    validate_semantics(config)
+    return config

@@ -1,0 +1,64 @@
+"""The row schema every cell CSV follows, and the one way rows become a file.
+
+A row is one measured (cell, mode, phase) or one typed record (``kind``) of a
+cell. Every row carries the head columns, the cell's axes, its measurements and
+the environment columns; a failure is a row with a status and empty
+measurements. No torch here: the analysis layer reads the same schema.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+
+from cs336sys.fileio import atomic_path
+
+
+class Status(str, enum.Enum):
+    OK = "ok"
+    OOM = "oom"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:  # rows and CSVs hold the plain value
+        return self.value
+
+
+STATUSES = tuple(s.value for s in Status)
+HEAD_COLUMNS = ["study", "cell_id", "status", "error"]
+ENV_COLUMNS = [
+    "device", "device_name", "driver_version", "torch_version", "cuda_version",
+    "python_version", "git_commit", "host", "started_at", "finished_at",
+    "gpu_index", "gpu_uuid", "gpu_wait_s", "max_sm_clock_mhz", "gpu_state_note", "cpu_model", "cpu_count",
+]  # fmt: skip
+WHERE_COLUMNS = ["mode", "phase"]  # where inside a cell a row was measured
+
+
+class Skip(Exception):
+    """Raised by a measurement that cannot run on this machine; the cell becomes ``skipped``."""
+
+
+def order_columns(columns: Iterable[str], axes: Iterable[str] = ()) -> list[str]:
+    """The CSV schema's column order: head, axes, mode/phase, measurements, environment."""
+    columns = list(dict.fromkeys(columns))
+    axes = [a for a in axes if a in columns and a not in HEAD_COLUMNS]
+    head = [c for c in HEAD_COLUMNS if c in columns]
+    env = [c for c in ENV_COLUMNS if c in columns]
+    where = [c for c in WHERE_COLUMNS if c in columns and c not in axes]
+    rest = [c for c in columns if c not in head + axes + where + env]
+    return head + axes + where + rest + env
+
+
+def rows_to_frame(rows: list[Mapping[str, Any]], axes: Iterable[str] = ()) -> pd.DataFrame:
+    frame = pd.DataFrame([{k: str(v) if isinstance(v, Status) else v for k, v in r.items()} for r in rows])
+    return frame[order_columns(frame.columns, axes)]
+
+
+def write_csv_atomic(frame: pd.DataFrame, path: str | os.PathLike) -> None:
+    """A killed run leaves no half CSV (see :mod:`cs336sys.fileio`)."""
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)

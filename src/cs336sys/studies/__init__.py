@@ -1,0 +1,148 @@
+"""Layer 3, studies: one package per study, found here by name.
+
+A study package holds everything that makes the study: its spec in
+``__init__.py`` (a :class:`Study`: axes, valid combinations, which settings
+reach the measurement), its measurement in ``measure.py`` (torch, run in the
+measuring child) and its figures and findings in ``report.py`` (pandas and
+matplotlib, never torch). This module finds the packages, so adding a study is
+its package plus its config section and schema (docs/adding-a-study.md); the
+workflow's rule loop, the CLI, the cell ids, the rerun hashes, the merge and
+the report all come from the registry. Importing it does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+Axes = dict[str, Any]
+# Section keys that shape the grid or the job, not the measurement.
+JOB_KEYS = ("grid", "timeout_s", "resources")
+# Section keys of the timing policy: the cell runner sets them for measure.timing (not measure kwargs).
+TIMING_KEYS = ("trials", "min_warmup_s", "min_measure_s")
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    question: str  # what it answers, with the handout's section
+    axes: tuple[str, ...]  # cell-id order; also CSV columns, config grid keys and CLI flags
+    valid: Callable[[Axes], bool] | None = None  # False: the combination is not a cell
+    canonical: Callable[[Axes], Axes] | None = None  # settle axes that do not apply (mha: m=0 for exact)
+    extra_cells: Callable[[Mapping[str, Any]], list[Axes]] | None = None  # cells beyond the product
+    cell_keys: tuple[str, ...] = ()  # section keys used by extra_cells, not passed to the measurement
+    config_keys: tuple[str, ...] = ()  # top-level config keys passed to the measurement (extra_sizes)
+    optional_modules: Mapping[str, Callable[[Axes], bool]] = field(default_factory=dict)  # module → runs in this cell?
+    artifacts: bool = False  # measurement writes traces/snapshots: gets artifact_dir and cell_id
+    cell_table: bool = True  # the report shows the per-cell timing table
+
+    @property
+    def measure(self) -> str:
+        return f"cs336sys.studies.{self.name}.measure:measure"
+
+    @property
+    def report_module(self) -> str:
+        return f"cs336sys.studies.{self.name}.report"
+
+
+def _discover() -> dict[str, Study]:
+    found = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.ispkg:
+            spec = importlib.import_module(f"{__name__}.{info.name}").STUDY
+            if spec.name != info.name:
+                raise RuntimeError(f"study package {info.name!r} declares the name {spec.name!r}")
+            found[spec.name] = spec
+    return found
+
+
+STUDIES: dict[str, Study] = _discover()
+
+
+def study(name: str) -> Study:
+    if name not in STUDIES:
+        raise ValueError(f"unknown study {name!r}; known: {', '.join(STUDIES)}")
+    return STUDIES[name]
+
+
+def report_module(name: str):
+    """The study's ``report`` module: ``figures(df, run)`` and ``findings(df)`` (pandas, no torch)."""
+    return importlib.import_module(study(name).report_module)
+
+
+def format_value(value: Any) -> Any:
+    """Axis values as cell ids and CSV columns hold them: booleans as 0/1."""
+    return int(value) if isinstance(value, bool) else value
+
+
+def cell_id(name: str, axes: Axes) -> str:
+    return "_".join(f"{key}={format_value(axes[key])}" for key in study(name).axes)
+
+
+def cells(name: str, section: Mapping[str, Any]) -> list[Axes]:
+    """The valid cells of one study section, in grid order, without duplicates."""
+    s = study(name)
+    grid = section["grid"]
+    product = [dict(zip(s.axes, combo)) for combo in itertools.product(*(grid[a] for a in s.axes))]
+    product += s.extra_cells(section) if s.extra_cells else []
+    out: dict[str, Axes] = {}
+    for axes in product:
+        axes = {k: format_value(v) for k, v in axes.items()}
+        axes = s.canonical(axes) if s.canonical else axes
+        if s.valid is None or s.valid(axes):
+            out.setdefault(cell_id(name, axes), axes)
+    return list(out.values())
+
+
+def grid(name: str, config: Mapping[str, Any]) -> dict[str, Axes]:
+    """Cell id → axes for every valid cell of study ``name`` under ``config``."""
+    return {cell_id(name, axes): axes for axes in cells(name, config[name])}
+
+
+def measure_kwargs(name: str, axes: Axes, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The measurement's keyword arguments: the cell's axes, its section's settings, named config keys."""
+    s = study(name)
+    section = config[name]
+    settings = {k: v for k, v in section.items() if k not in JOB_KEYS + TIMING_KEYS + s.cell_keys}
+    return {**settings, **axes, **{k: config.get(k) for k in s.config_keys}}
+
+
+def cell_settings(name: str, axes: Axes, config: Mapping[str, Any], artifact_dir: str | None = None) -> dict[str, Any]:
+    """What a cell measures (the fields of ``pipeline.cells.Cell`` but its time limit).
+
+These are the cell job's Snakemake params, so any change reruns the cell; the
+time limit travels as a resource instead, and changing it reruns nothing.
+"""
+    s = study(name)
+    kwargs = measure_kwargs(name, axes, config)
+    if s.artifacts:
+        kwargs.update(artifact_dir=artifact_dir, cell_id=cell_id(name, axes))
+    return {
+        "study": name,
+        "cell_id": cell_id(name, axes),
+        "axes": dict(axes),
+        "target": s.measure,
+        "kwargs": kwargs,
+        "device": config["device"],
+        "memory_fraction": config.get("memory_fraction"),
+        "timing": {k: config[name][k] for k in TIMING_KEYS if k in config[name]},
+        "cache_dir": config.get("cache_dir"),
+    }
+
+
+def cell_modules(name: str, axes: Axes) -> list[str]:
+    """The ``cs336sys`` modules a cell's measuring process runs: the runner's and the measurement's imports."""
+    from cs336sys.pipeline.provenance import RUNNER, module_closure
+
+    s = study(name)
+    unused = [module for module, used in s.optional_modules.items() if not used(axes)]
+    return module_closure([RUNNER, s.measure.partition(":")[0]], exclude=unused)
+
+
+def cell_code_hash(name: str, axes: Axes) -> str:
+    from cs336sys.pipeline.provenance import modules_hash
+
+    return modules_hash(cell_modules(name, axes))

@@ -1,0 +1,92 @@
+"""One attention cell: Q, K, V of shape (batch, 1 head, L, d); a forward and a backward per step.
+
+Both are timed by CUDA events inside the same step, and the memory in use
+between them is recorded: what the core keeps for backward.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterator
+
+import torch
+
+from cs336sys.measure import memory
+from cs336sys.measure.busy import NO_CUDA, gpu_busy_share
+from cs336sys.measure.flops import attention_core_flops, phase_flops
+from cs336sys.measure.timing import StepClock, time_steps, timing_rows
+from cs336sys.models.attention import get_attention
+from cs336sys.models.dtypes import set_matmul_precision, tensor_dtype
+from cs336sys.models.variants import needs_cuda
+from cs336sys.pipeline.rows import Skip
+
+
+def core(impl: str, activation: str, device: torch.device) -> Callable:
+    """The attention core ``impl`` × ``activation``; Skip where it cannot run on ``device``."""
+    if needs_cuda(impl) and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise Skip(f"implementation {impl!r} needs CUDA (TRITON_INTERPRET=1 runs it on CPU, slowly)")
+    fn = get_attention(impl, activation)
+    if fn is None:
+        raise ValueError(f"{impl} × {activation} is not a valid combination")
+    return fn
+
+
+def qkv(shape: tuple[int, ...], precision: str, device: torch.device, seed: int) -> list[torch.Tensor]:
+    """Seeded Q, K, V (drawn on the CPU, so every device gets the same numbers), requiring grad."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dtype = tensor_dtype(precision)
+    return [torch.randn(shape, generator=gen).to(device=device, dtype=dtype).requires_grad_() for _ in range(3)]
+
+
+def measure(
+    device: torch.device,
+    context: dict,
+    *,
+    d_model: int,
+    seq_len: int,
+    activation: str,
+    impl: str,
+    causal: bool,
+    precision: str,
+    batch_size: int = 8,
+    warmup_steps: int = 5,
+    measure_steps: int = 100,
+    seed: int = 0,
+) -> Iterator[dict[str, Any]]:
+    fn = core(impl, activation, device)
+    set_matmul_precision(precision)
+    # (batch, 1 head, L, d): 4-D so that SDPA can pick a fused backend (3-D inputs fall back to math)
+    q, k, v = qkv((batch_size, 1, seq_len, d_model), precision, device, seed)
+    grad_out = torch.randn_like(q)
+    mem: dict[str, int | None] = {}
+
+    def step(clock: StepClock) -> None:
+        q.grad = k.grad = v.grad = None
+        mem["before_forward"] = memory.allocated_bytes(device)
+        with clock.phase("forward"):
+            out = fn(q, k, v, is_causal=bool(causal))
+        mem["before_backward"] = memory.allocated_bytes(device)
+        with clock.phase("backward"):
+            out.backward(grad_out)
+
+    context["mode"] = "train"
+    memory.reset_peak(device)
+    timing = time_steps(step, warmup=warmup_steps, steps=measure_steps, device=device)
+    peak = memory.peak_allocated_bytes(device)
+    busy = gpu_busy_share(step, device)
+    elem = q.element_size()
+    extra = {
+        "mode": "train",
+        "batch_size": batch_size,
+        "peak_mem_bytes": peak,
+        "gpu_busy_frac": busy,
+        "gpu_busy_note": "" if busy is not None else NO_CUDA,
+        "mem_before_fwd_bytes": mem.get("before_forward"),
+        "mem_before_bwd_bytes": mem.get("before_backward"),
+        # bytes of one (batch, L, L) matrix in the compute dtype: the unit in which eager keeps P for backward
+        "score_matrix_bytes": batch_size * seq_len * seq_len * elem,
+        "output_bytes": batch_size * seq_len * d_model * elem,
+        "memory_note": "" if device.type == "cuda" else memory.NO_CUDA_REASON,
+    }
+    fwd = attention_core_flops(batch_size, 1, seq_len, d_model, bool(causal))
+    yield from timing_rows(timing, phase_flops(fwd, "train"), extra)

@@ -1,0 +1,113 @@
+"""Figures and findings of study ``e2e``: times per size and context, bf16 speedup, MFU, backward/forward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from cs336sys.analysis.findings import paired_ratios
+from cs336sys.analysis.markdown import md_table
+from cs336sys.analysis.plots import CI_ERR, draw_lines, failed_cells, ok_cells, plt, save, title, with_ci
+from cs336sys.analysis.tables import ok_rows
+
+LM_KEYS = ["size", "context_length", "precision", "impl", "compile", "cuda_graphs"]
+PANELS = [("inference", "forward"), ("train", "forward"), ("train", "backward"), ("train", "optimizer_step"), ("train", "step")]
+
+
+def backward_forward_ratio(df: pd.DataFrame) -> pd.DataFrame:
+    """Backward / forward time of the training step, per cell, with its 95% interval."""
+    rows = ok_rows(df, mode="train")
+    return paired_ratios(rows[rows["phase"].isin(["forward", "backward"])], LM_KEYS, "phase", "backward", "forward")
+
+
+def bf16_speedup(df: pd.DataFrame) -> pd.DataFrame:
+    """fp32 step time / bf16 step time per size × context × attention × mode, with its interval."""
+    keys = [k for k in LM_KEYS if k != "precision"] + ["mode"]
+    return paired_ratios(ok_rows(df, phase="step"), keys, "precision", "fp32", "bf16")
+
+
+def sdpa_speedup(df: pd.DataFrame) -> pd.DataFrame:
+    """eager step time / SDPA step time, per cell and mode, with its interval."""
+    keys = [k for k in LM_KEYS if k != "impl"] + ["mode"]
+    return paired_ratios(ok_rows(df, phase="step"), keys, "impl", "eager", "sdpa")
+
+
+def graph_speedup(df: pd.DataFrame) -> pd.DataFrame:
+    """Eager step time / CUDA-graph replay time, per cell and mode: what launching costs."""
+    keys = [k for k in LM_KEYS if k != "cuda_graphs"] + ["mode"]
+    return paired_ratios(ok_rows(df, phase="step"), keys, "cuda_graphs", 0, 1)
+
+
+def trust(df: pd.DataFrame) -> pd.DataFrame:
+    """Whole-step rows flagged noisy or host-bound, with the GPU's busy share and the interval."""
+    steps = ok_rows(df, phase="step")
+    cols = [c for c in ("noisy", "host_bound") if c in steps]
+    if not cols:
+        return pd.DataFrame()
+    flagged = steps[steps[cols].fillna(False).astype(bool).any(axis=1)]
+    keep = [c for c in LM_KEYS + ["mode", "median_ms", "ci_low_ms", "ci_high_ms", "ci_rel", "gpu_busy_frac", *cols] if c in flagged]
+    return flagged[keep]
+
+
+def plot_times(df: pd.DataFrame, path: Path, run: str, impl: str) -> Path:
+    data = df[df["impl"] == impl]
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.6))
+    for ax, (mode, phase) in zip(axes, PANELS):
+        draw_lines(ax, with_ci(ok_cells(data, mode=mode, phase=phase)), "context_length", "median_ms", [c for c in ("size", "precision", "cuda_graphs") if c in data],
+                   yerr=CI_ERR, failed=failed_cells(data, mode=mode), logx=True, logy=True)  # fmt: skip
+        ax.set_title(f"{mode} {phase} (median, 95% interval)")
+    title(fig, run, data, f"e2e time per size and context, attention={impl}")
+    return save(fig, path)
+
+
+def plot_speedup(df: pd.DataFrame, path: Path, run: str) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    sp = bf16_speedup(df)
+    if not sp.empty:
+        sp = sp.assign(err_low=sp["ratio"] - sp["ratio_low"], err_high=sp["ratio_high"] - sp["ratio"])
+        draw_lines(ax, sp, "context_length", "ratio", ["impl", "mode", "size"], yerr=("err_low", "err_high"), logx=True)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_ylabel("fp32 / bf16 median step time")
+    title(fig, run, df, "bf16 speedup over fp32")
+    return save(fig, path)
+
+
+def plot_mfu(df: pd.DataFrame, path: Path, run: str) -> Path:
+    data = ok_cells(df, mode="train", phase="step")
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    if "mfu_pct" in data and data["mfu_pct"].notna().any():
+        draw_lines(ax, data, "context_length", "mfu_pct", ["impl", "size", "precision"], logx=True)
+    else:
+        ax.text(0.5, 0.5, "MFU not available on this device\n(no peak TFLOP/s known)", ha="center", va="center", transform=ax.transAxes)
+    title(fig, run, df, "training-step MFU")
+    return save(fig, path)
+
+
+def figures(df: pd.DataFrame, run: str) -> list:
+    jobs = [(f"times_impl-{i}", lambda p, i=i: plot_times(df, p, run, i)) for i in sorted(df["impl"].unique())]
+    return jobs + [("bf16_speedup", lambda p: plot_speedup(df, p, run)), ("mfu", lambda p: plot_mfu(df, p, run))]
+
+
+def findings(df: pd.DataFrame) -> str:
+    parts = ["Every ratio below carries a 95% interval (interval arithmetic on the two medians' intervals); where the "
+             "two intervals overlap it reads *no significant difference* instead of a finding."]
+    parts += ["**Backward / forward ratio** (training step):", md_table(backward_forward_ratio(df), ".3g")]
+    parts += ["**bf16 speedup** (fp32 / bf16, whole steps):", md_table(bf16_speedup(df), ".3g")]
+    if df["impl"].nunique() > 1:
+        parts += ["**SDPA speedup** (eager / sdpa attention, whole steps):", md_table(sdpa_speedup(df), ".3g")]
+    if "cuda_graphs" in df and df["cuda_graphs"].nunique() > 1:
+        parts += ["**CUDA-graph speedup** (eager launches / one replayed graph, whole steps; the graph's training step uses "
+                  "fused capturable AdamW, the eager one the configured optimizer):", md_table(graph_speedup(df), ".3g")]
+    flagged = trust(df)
+    if not flagged.empty:
+        parts += ["**Cells to read with care** — `noisy`: the interval is wider than the configured share of the median; "
+                  "`host_bound`: the GPU idled for part of the step, so the number measures Python and the CPU as much "
+                  "as the GPU and moves with host load:", md_table(flagged, ".3g")]
+    steps = ok_rows(df, mode="train", phase="step")
+    if "mfu_pct" in steps and steps["mfu_pct"].notna().any():
+        parts += ["**Training-step TFLOP/s and MFU:**", md_table(steps[LM_KEYS + ["tflops", "mfu_pct"]], ".3g")]
+    elif not steps.empty:
+        notes = sorted(set(steps.get("mfu_note", pd.Series(dtype=str)).dropna()))
+        parts.append(f"MFU: empty — {'; '.join(notes) or 'no peak known'}.")
+    return "\n\n".join(parts)

@@ -1,0 +1,85 @@
+"""One flash cell: forward, backward and forward+backward, each timed by ``triton.testing.do_bench``.
+
+SDPA's backends are forced one at a time (``sdpa-flash``, ``sdpa-cudnn``,
+``sdpa-efficient``); a backend that refuses the dtype or head size makes the
+cell ``skipped`` with SDPA's reason.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any, Callable, Iterator
+
+import torch
+
+from cs336sys.measure import memory
+from cs336sys.measure.flops import attention_core_flops, phase_flops
+from cs336sys.measure.timing import bench_stats
+from cs336sys.models.attention import get_attention
+from cs336sys.models.variants import FLASH_IMPLS
+from cs336sys.pipeline.rows import Skip
+from cs336sys.models.dtypes import set_matmul_precision
+from cs336sys.studies.attention.measure import core, qkv
+
+
+def _flash_fn(impl: str, device: torch.device) -> tuple[Callable, Callable[[], Any]]:
+    """(attention fn, context factory) for a flash-study implementation name."""
+    if impl.startswith("sdpa-"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = {
+            "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+            "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+            "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
+        }[impl]
+        return get_attention("sdpa", "softmax"), lambda: sdpa_kernel(backend)
+    if impl not in FLASH_IMPLS:
+        raise ValueError(f"unknown flash implementation {impl!r}; known: {', '.join(FLASH_IMPLS)}")
+    return core(impl, "softmax", device), nullcontext
+
+
+def measure(
+    device: torch.device,
+    context: dict,
+    *,
+    seq_len: int,
+    head_dim: int,
+    precision: str,
+    impl: str,
+    num_heads: int = 1,
+    batch_size: int = 1,
+    causal: bool = True,
+    rep_ms: float = 100,
+    seed: int = 0,
+) -> Iterator[dict[str, Any]]:
+    fn, kernel_ctx = _flash_fn(impl, device)
+    set_matmul_precision(precision)
+    q, k, v = qkv((batch_size, num_heads, seq_len, head_dim), precision, device, seed)
+    grad_out = torch.randn_like(q)
+    context["mode"] = "train"
+    with kernel_ctx():
+        try:
+            out = fn(q, k, v, is_causal=causal)
+        except RuntimeError as exc:  # e.g. SDPA "No available kernel" for this backend × dtype × d
+            if isinstance(exc, torch.OutOfMemoryError):
+                raise
+            raise Skip(f"unsupported: {str(exc).splitlines()[0][:300]}") from exc
+
+        def fwd_bwd() -> None:
+            fn(q, k, v, is_causal=causal).backward(grad_out)
+
+        memory.reset_peak(device)
+        grads = (q, k, v)  # cleared between calls: a backward must not time gradient accumulation
+        times = {
+            "forward": bench_stats(lambda: fn(q, k, v, is_causal=causal), device, rep_ms=rep_ms),
+            "backward": bench_stats(lambda: out.backward(grad_out, retain_graph=True), device, rep_ms=rep_ms, grad_to_none=grads),
+            "forward_backward": bench_stats(fwd_bwd, device, rep_ms=rep_ms, grad_to_none=grads),
+        }
+        peak = memory.peak_allocated_bytes(device)
+    flops = phase_flops(attention_core_flops(batch_size, num_heads, seq_len, head_dim, causal), "train")
+    for phase, stats in times.items():
+        yield {
+            "mode": "train", "phase": phase, **stats.as_row(), "flops": flops[phase],
+            "batch_size": batch_size, "peak_mem_bytes": peak,
+            "memory_note": "" if device.type == "cuda" else memory.NO_CUDA_REASON,
+        }  # fmt: skip

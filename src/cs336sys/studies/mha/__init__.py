@@ -1,0 +1,20 @@
+"""Study ``mha``: a multi-head attention layer, exact vs Performer, softmax vs ReLU (the ReLU/SoftMax benchmark pages)."""
+
+from cs336sys.models.variants import mha_is_valid
+from cs336sys.studies import Axes, Study
+
+
+def _canonical(axes: Axes) -> Axes:
+    # random features only mean something for the performer: exact cells carry num_features=0
+    return axes if axes["variant"] == "performer" else {**axes, "num_features": 0}
+
+
+STUDY = Study(
+    name="mha",
+    question="How do exact (eager, SDPA) and Performer attention layers scale with sequence length, with softmax and ReLU kernels?",
+    axes=("embed_dim", "num_heads", "seq_len", "variant", "kernel", "num_features"),
+    valid=lambda axes: mha_is_valid(axes["variant"], axes["kernel"]) and axes["embed_dim"] % axes["num_heads"] == 0,
+    canonical=_canonical,
+    # performer cells never run the exact cores: editing models/attention.py leaves them alone
+    optional_modules={"cs336sys.models.attention": lambda axes: axes["variant"] != "performer"},
+)

@@ -1,0 +1,61 @@
+"""One mha cell: an inference forward (no grad) and a forward + backward step of the same layer."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+
+from cs336sys.measure import memory
+from cs336sys.measure.busy import NO_CUDA, gpu_busy_share
+from cs336sys.measure.flops import mha_forward_flops, phase_flops
+from cs336sys.measure.timing import StepClock, time_steps, timing_rows
+from cs336sys.models.dtypes import autocast, set_matmul_precision
+from cs336sys.models.mha import MultiHeadAttention
+
+
+def measure(
+    device: torch.device,
+    context: dict,
+    *,
+    embed_dim: int,
+    num_heads: int,
+    seq_len: int,
+    variant: str,
+    kernel: str,
+    num_features: int = 0,
+    batch_size: int = 1,
+    precision: str = "fp32",
+    warmup_steps: int = 3,
+    measure_steps: int = 10,
+    seed: int = 0,
+) -> Iterator[dict[str, Any]]:
+    torch.manual_seed(seed)
+    set_matmul_precision(precision)
+    m = num_features or None  # 0: an exact variant, no random features
+    layer = MultiHeadAttention(embed_dim, num_heads, variant, kernel, m, seed).to(device)
+    x = torch.randn(batch_size, seq_len, embed_dim, device=device, requires_grad=True)
+    fwd = mha_forward_flops(batch_size, seq_len, embed_dim, num_heads, variant, m)
+    common = {"batch_size": batch_size, "precision": precision, "memory_note": "" if device.type == "cuda" else memory.NO_CUDA_REASON}
+
+    def inference(clock: StepClock) -> None:
+        with torch.no_grad(), clock.phase("forward"), autocast(precision, device):
+            layer(x)
+
+    def train(clock: StepClock) -> None:
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        with clock.phase("forward"), autocast(precision, device):
+            out = layer(x)
+        with clock.phase("backward"):
+            out.float().pow(2).mean().backward()
+
+    for mode, step in (("inference", inference), ("train", train)):
+        context["mode"] = mode
+        memory.reset_peak(device)
+        timing = time_steps(step, warmup=warmup_steps, steps=measure_steps, device=device)
+        peak = memory.peak_allocated_bytes(device)
+        busy = gpu_busy_share(step, device)
+        extra = {"mode": mode, **common, "peak_mem_bytes": peak, "gpu_busy_frac": busy, "gpu_busy_note": "" if busy is not None else NO_CUDA}
+        yield from timing_rows(timing, phase_flops(fwd, mode), extra)
+        memory.release(device)

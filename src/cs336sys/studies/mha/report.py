@@ -1,0 +1,46 @@
+"""Figures and findings of study ``mha``: the benchmark pages' grid of panels, slopes and OOM frontier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from cs336sys.analysis.findings import oom_frontier, scaling_slopes
+from cs336sys.analysis.markdown import md_table
+from cs336sys.analysis.plots import draw_lines, failed_cells, ok_cells, plt, save, title
+
+METRICS = {"forward_ms": ("inference", "forward", "median_ms"), "backward_ms": ("train", "backward", "median_ms"), "peak_mem": ("train", "step", "peak_mem_bytes")}
+GROUPS = ["variant", "kernel", "num_features", "embed_dim", "num_heads"]
+
+
+def plot_grid(df: pd.DataFrame, path: Path, run: str, embed: int, kernel: str, metric: str) -> Path:
+    mode, phase, column = METRICS[metric]
+    data = df[(df["embed_dim"] == embed) & (df["kernel"] == kernel)]
+    heads = sorted(data["num_heads"].unique())
+    ms = sorted(m for m in data["num_features"].unique() if m > 0) or [0]
+    # at least ~6.5 in wide, or a single panel's title is cut off
+    fig, axes = plt.subplots(len(heads), len(ms), figsize=(max(3.6 * len(ms), 6.5), 3.2 * len(heads)), squeeze=False)
+    for i, h in enumerate(heads):
+        for j, m in enumerate(ms):
+            ax = axes[i][j]
+            panel = data[(data["num_heads"] == h) & ((data["num_features"] == m) | (data["variant"] != "performer"))]
+            ok = ok_cells(panel, mode=mode, phase=phase)
+            if column in ok and ok[column].notna().any():
+                draw_lines(ax, ok.dropna(subset=[column]), "seq_len", column, ["variant"], failed=failed_cells(panel, mode=mode), logx=True, logy=True)
+            else:
+                ax.text(0.5, 0.5, f"{column}: not measured here", ha="center", va="center", transform=ax.transAxes)
+            ax.set_title(f"heads={h}, m={m}")
+    title(fig, run, data, f"mha {metric}: embed={embed}, kernel={kernel}, exact vs performer")
+    return save(fig, path)
+
+
+def figures(df: pd.DataFrame, run: str) -> list:
+    return [(f"mha_embed-{e}_{k}_{m}", lambda p, e=e, k=k, m=m: plot_grid(df, p, run, e, k, m))
+            for e in sorted(df["embed_dim"].unique()) for k in sorted(df["kernel"].unique()) for m in METRICS]  # fmt: skip
+
+
+def findings(df: pd.DataFrame) -> str:
+    panels = list(METRICS.values())
+    return "\n\n".join(["**Log–log slope in sequence length** (≈2 exact, ≈1 performer):", md_table(scaling_slopes(df, GROUPS, panels), ".3g"),
+                        "**Out-of-memory frontier:**", md_table(oom_frontier(df, GROUPS))])  # fmt: skip

@@ -1,0 +1,10 @@
+"""Study ``precision``: accumulation error by dtype and the dtypes autocast gives each tensor (handout §1.1.5)."""
+
+from cs336sys.studies import Study
+
+STUDY = Study(
+    name="precision",
+    question="What does accumulating in each precision give, and which dtype does autocast give each tensor? (§1.1.5)",
+    axes=("part",),
+    cell_table=False,  # its tables are the findings
+)

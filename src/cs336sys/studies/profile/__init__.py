@@ -1,0 +1,12 @@
+"""Study ``profile``: where the GPU time goes, kernel by kernel, per phase (handout §1.1.4)."""
+
+from cs336sys.studies import Study
+
+STUDY = Study(
+    name="profile",
+    question="Which kernels take the time of a forward, a backward and an optimizer step? (§1.1.4)",
+    axes=("size", "context_length", "precision", "impl"),
+    config_keys=("extra_sizes",),
+    optional_modules={"cs336sys.models.triton_attention": lambda axes: axes["impl"] == "triton"},
+    artifacts=True,
+)

@@ -1,0 +1,56 @@
+"""One profile cell: the harness's timing of the LM steps, then ``torch.profiler`` over a few more.
+
+Rows are typed by ``kind``: ``timing`` (the harness's numbers for the same
+cell), ``kernel`` (one row per phase × kernel: calls, total and mean GPU µs,
+share of the phase) and ``subrange`` (attention's scores / softmax / final
+matmul ranges). The trace is written beside the cell CSV, out of git.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from cs336sys.measure import memory, profiling
+from cs336sys.measure.lm_steps import lm_steps, setup_lm
+from cs336sys.measure.timing import StepClock, time_steps
+
+
+def measure(
+    device: torch.device,
+    context: dict,
+    *,
+    size: str,
+    context_length: int,
+    precision: str,
+    impl: str = "eager",
+    warmup_steps: int = 5,
+    measure_steps: int = 10,
+    profile_steps: int = 3,
+    batch_size: int = 4,
+    vocab_size: int = 10_000,
+    optimizer: str = "course",
+    artifact_dir: str | None = None,
+    cell_id: str = "cell",
+    extra_sizes: Mapping[str, Mapping[str, int]] | None = None,
+    nsys: bool = False,  # the workflow's separate nsys rule reads it; nothing to do here
+    seed: int = 0,
+) -> Iterator[dict[str, Any]]:
+    _, model, inputs, targets = setup_lm(device, size, context_length, precision, impl, batch_size, vocab_size, extra_sizes, seed)
+    device_kind = "cuda" if device.type == "cuda" else "cpu (CPU activities only: no GPU timeline)"
+    for mode, step in lm_steps(model, model, inputs, targets, precision, device, optimizer, {}).items():
+        context["mode"] = mode
+        timing = time_steps(step, warmup=warmup_steps, steps=measure_steps, device=device)
+        for phase, stats in timing.phases.items():
+            yield {"kind": "timing", "mode": mode, "phase": phase, **stats.as_row(), "profiled_steps": profile_steps, "device_kind": device_kind}
+        trace = str(Path(artifact_dir) / f"{cell_id}_{mode}.json.gz") if artifact_dir else None
+        prof = profiling.profile_steps(lambda: step(StepClock(device)), steps=profile_steps, device=device.type, trace_path=trace)
+        ranges, kernels = profiling.events_from_profiler(prof)
+        for rec in profiling.attribute_kernels(ranges, kernels).to_dict("records"):
+            yield {"kind": "kernel", "mode": mode, **rec, "profiled_steps": profile_steps, "trace_path": trace or "", "device_kind": device_kind}
+        for rec in profiling.attention_subrange_table(ranges, kernels).to_dict("records"):
+            yield {"kind": "subrange", "mode": mode, "phase": rec.pop("range"), **rec, "profiled_steps": profile_steps, "device_kind": device_kind}
+        del prof
+        memory.release(device)

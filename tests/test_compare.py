@@ -1,0 +1,204 @@
+"""Run comparison (cs336sys.analysis.compare) on synthetic runs with known answers; CPU only."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from cs336sys.analysis import compare as cmp
+
+ROOT = Path(__file__).resolve().parents[1]
+CELL = "size=small_context_length=128_precision=bf16_impl={}_compile=False"
+ENV_A = dict(device_name="NVIDIA H100 80GB HBM3", driver_version="550.54", torch_version="2.11.0+cu130",
+             cuda_version="13.0", git_commit="aaaaaaa", host="node1")  # fmt: skip
+ENV_B = dict(ENV_A, device_name="NVIDIA H200", git_commit="bbbbbbb")
+
+
+def row(cell, mode, phase, median, rel, env, status="ok", noisy=False, study="e2e", **extra):
+    """One tidy result row; ``rel`` is the half-width of the 95 % interval relative to the median."""
+    ok = status == "ok"
+    return {"study": study, "cell_id": CELL.format(cell), "status": status, "error": "" if ok else "CUDA out of memory",
+            "mode": mode, "phase": phase, "median_ms": median if ok else None,
+            "ci_low_ms": median * (1 - rel) if ok else None, "ci_high_ms": median * (1 + rel) if ok else None,
+            "noisy": noisy, **extra, **env}  # fmt: skip
+
+
+def cells(env, factors, rel=0.01, **kw):
+    """The rows of cells named by ``factors`` (cell → median factor relative to 10 ms), 2 modes × phases."""
+    rows = []
+    for cell, f in factors.items():
+        rows += [row(cell, "inference", "forward", 10.0 * f, rel, env, **kw),
+                 row(cell, "train", "forward", 10.0 * f, rel, env, **kw),
+                 row(cell, "train", "backward", 20.0 * f, rel, env, **kw)]  # fmt: skip
+    return rows
+
+
+def write_run(path: Path, rows, config=None, study="e2e") -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(path / f"{study}.csv", index=False)
+    if config is not None:
+        (path / "config.yaml").write_text(yaml.safe_dump(config))
+    return path
+
+
+def one(table, cell, mode="inference", phase="forward"):
+    sel = table[(table["cell_id"] == CELL.format(cell)) & (table["mode"] == mode) & (table["phase"] == phase)]
+    assert len(sel) == 1, sel
+    return sel.iloc[0]
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """a: baseline; b: 'slow' +10 %, 'fast' -10 %, 'steady' +1 % inside ±3 % noise, 'gone' only in a,
+    'new' only in b, 'big' ok in a and out of memory in training in b (one row, no phase)."""
+    a_rows = cells(ENV_A, {"slow": 1.0, "fast": 1.0, "gone": 1.0, "big": 1.0}) + cells(ENV_A, {"steady": 1.0}, rel=0.03)
+    b_rows = cells(ENV_B, {"slow": 1.1, "fast": 0.9, "new": 1.0}) + cells(ENV_B, {"steady": 1.01}, rel=0.03, noisy=True)
+    b_rows += [row("big", "inference", "forward", 10.0, 0.01, ENV_B), row("big", "train", None, 0, 0, ENV_B, status="oom")]
+    # a profile study: only its timing rows are compared, the kernel rows are not
+    prof_a = [row("p", "train", "step", 5.0, 0.01, ENV_A, study="profile", kind="timing"),
+              row("p", "train", "step", 1.0, 0.5, ENV_A, study="profile", kind="kernel")]
+    prof_b = [row("p", "train", "step", 5.0, 0.01, ENV_B, study="profile", kind="timing"),
+              row("p", "train", "step", 9.0, 0.5, ENV_B, study="profile", kind="kernel")]
+    a = write_run(tmp_path / "h100", a_rows, config={"e2e": {"batch_size": 4, "warmup": 5}, "out": "results"})
+    b = write_run(tmp_path / "h200", b_rows, config={"e2e": {"batch_size": 8, "warmup": 5}, "out": "results"})
+    write_run(a, prof_a, study="profile")
+    write_run(b, prof_b, study="profile")
+    return a, b
+
+
+def test_load_run_ignores_hidden_and_non_study_csvs(runs):
+    a, _ = runs
+    pd.DataFrame({"x": [1]}).to_csv(a / "summary.csv", index=False)
+    pd.DataFrame(cells(ENV_A, {"tmp": 1.0})).to_csv(a / ".e2e.csv.123.tmp.csv", index=False)
+    frames = cmp.load_run(a)
+    assert sorted(frames) == ["e2e", "profile"]
+    assert len(frames["e2e"]) == 15
+
+
+def test_slowdown_beyond_noise_is_slower_and_fails_gate(runs, tmp_path):
+    a, b = (cmp.load_run(d)["e2e"] for d in runs)
+    t = cmp.compare_study(a, b)
+    r = one(t, "slow")
+    assert r["verdict"] == "slower"
+    assert r["ratio"] == pytest.approx(1.10)
+    assert r["ratio_low"] == pytest.approx(11 * 0.99 / (10 * 1.01))
+    assert r["ratio_high"] == pytest.approx(11 * 1.01 / (10 * 0.99))
+    regs = cmp.regressions(t, 1.05)
+    assert CELL.format("slow") in set(regs["cell_id"])
+    assert len(regs[regs["cell_id"] == CELL.format("slow")]) == 3  # all three (mode, phase) rows
+    assert cmp.regressions(t, 1.15)["verdict"].ne("slower").all()  # above the threshold only
+
+    res = cmp.write_comparison(list(runs), ["h100", "h200"], tmp_path / "out", fail_above=1.05)
+    assert not res.passed
+    assert CELL.format("slow") in set(res.regressions["cell_id"])
+    assert cmp.main([str(runs[0]), str(runs[1]), "--out", str(tmp_path / "cli"), "--fail-above", "1.05"]) == 1
+    # no gate: it passes, the report still lists the slow cells
+    assert cmp.write_comparison(list(runs), ["h100", "h200"], tmp_path / "nogate").passed
+
+
+def test_change_inside_noise_is_same_and_gate_passes(tmp_path):
+    a = write_run(tmp_path / "a", cells(ENV_A, {"steady": 1.0}, rel=0.03))
+    b = write_run(tmp_path / "b", cells(ENV_A, {"steady": 1.01}, rel=0.03))
+    t = cmp.compare_study(cmp.load_run(a)["e2e"], cmp.load_run(b)["e2e"])
+    assert (t["verdict"] == "same").all() and len(t) == 3
+    assert one(t, "steady")["ratio"] == pytest.approx(1.01)
+    assert cmp.regressions(t, 1.05).empty and cmp.regressions(t, 1.0).empty
+    assert cmp.main([str(a), str(b), "--out", str(tmp_path / "out"), "--fail-above", "1.05"]) == 0
+
+
+def test_speedup_beyond_noise_is_faster(runs):
+    a, b = (cmp.load_run(d)["e2e"] for d in runs)
+    t = cmp.compare_study(a, b)
+    r = one(t, "fast", "train", "backward")
+    assert r["verdict"] == "faster" and r["ratio"] == pytest.approx(0.9)
+    assert one(t, "steady")["verdict"] == "same"
+    assert one(t, "steady")["flags"] == "noisy(b)"
+    assert CELL.format("fast") not in set(cmp.regressions(t, 1.0)["cell_id"])
+
+
+def test_cells_in_one_run_only(runs):
+    a, b = (cmp.load_run(d)["e2e"] for d in runs)
+    t = cmp.compare_study(a, b)
+    gone, new = t[t["cell_id"] == CELL.format("gone")], t[t["cell_id"] == CELL.format("new")]
+    assert len(gone) == 3 and (gone["only_in"] == "a").all() and (gone["verdict"] == "n/a").all()
+    assert len(new) == 3 and (new["only_in"] == "b").all()
+    assert (t.loc[~t["cell_id"].isin(gone["cell_id"].tolist() + new["cell_id"].tolist()), "only_in"] == "").all()
+
+
+def test_ok_to_oom_is_a_status_change_and_a_regression(runs):
+    a, b = (cmp.load_run(d)["e2e"] for d in runs)
+    t = cmp.compare_study(a, b)
+    big = t[t["cell_id"] == CELL.format("big")]
+    # b's single oom row (mode=train, no phase) stands for both training phases of a
+    train = big[big["mode"] == "train"]
+    assert sorted(train["phase"]) == ["backward", "forward"]
+    assert (train["status_change"] == "ok → oom").all() and (train["verdict"] == "n/a").all()
+    assert (train["only_in"] == "").all()
+    assert one(t, "big")["status_change"] == ""  # inference still ran
+    regs = cmp.regressions(t, 1.05)
+    assert len(regs[regs["cell_id"] == CELL.format("big")]) == 2
+
+
+def test_old_run_without_intervals_gives_na(tmp_path):
+    old = pd.DataFrame(cells(ENV_A, {"slow": 1.0})).drop(columns=["ci_low_ms", "ci_high_ms", "noisy"])
+    a = tmp_path / "old"
+    a.mkdir()
+    old.to_csv(a / "e2e.csv", index=False)
+    b = write_run(tmp_path / "new", cells(ENV_B, {"slow": 1.5}))
+    t = cmp.compare_study(cmp.load_run(a)["e2e"], cmp.load_run(b)["e2e"])
+    assert (t["verdict"] == "n/a").all()
+    assert (t["note"] == "no interval recorded").all()
+    assert one(t, "slow")["ratio"] == pytest.approx(1.5)  # the medians are still compared
+    res = cmp.write_comparison([a, b], ["old", "new"], tmp_path / "out", fail_above=1.05)
+    assert res.passed  # without intervals nothing is judged slower
+    assert "no interval recorded" in res.report_path.read_text()
+
+
+def test_environment_and_config_diff(runs):
+    env = cmp.environment_diff(*(cmp.load_run(d) for d in runs)).set_index("field")
+    assert env.loc["device_name", "differs"] and env.loc["git_commit", "differs"]
+    assert env.loc["device_name", "a"] == ENV_A["device_name"] and env.loc["device_name", "b"] == "NVIDIA H200"
+    assert env.loc["cuda_version", "a"] == "13.0"  # read as text, not as the float 13.0 → "13.0" by luck
+    assert not env.loc["torch_version", "differs"] and not env.loc["host", "differs"]
+    cfg = cmp.config_diff(*(yaml.safe_load((d / "config.yaml").read_text()) for d in runs))
+    assert cfg.to_dict("records") == [{"key": "e2e.batch_size", "a": 4, "b": 8}]
+    assert cmp.config_diff(None, {"a": 1}).empty
+
+
+def test_report_csv_and_figures(runs, tmp_path):
+    out = tmp_path / "report" / "h100-vs-h200"
+    res = cmp.write_comparison(list(runs), ["h100", "h200"], out, fail_above=1.05)
+    text = res.report_path.read_text()
+    assert text.startswith("# `h100` vs `h200`")
+    assert "## Study `e2e`" in text and "## Study `profile`" in text
+    assert "slower" in text and "FAILED" in text
+    assert "1.10 [1.08, 1.12]" in text  # ratio with its interval, 3 significant digits
+    assert "`e2e.batch_size`: 4 → 8" in text
+    assert "ok → oom" in text and "nan" not in text
+    assert "NVIDIA H200" in text
+    for study in ("e2e", "profile"):
+        png = out / "figures" / f"{study}_ratio.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"](figures/{study}_ratio.png)" in text
+    table = pd.read_csv(out / "compare.csv", keep_default_na=False, na_values=[""])
+    assert (table["verdict"] == "n/a").sum() == 8  # oom in b (2 rows), only in a (3), only in b (3)
+    assert set(table["study"]) == {"e2e", "profile"}
+    assert len(table[table["study"] == "profile"]) == 1  # kernel rows are not compared
+    assert table.loc[table["study"] == "profile", "verdict"].item() == "same"
+    assert not any(p.name.startswith(".") for p in out.rglob("*"))  # no temporary files left
+
+
+def test_exactly_two_runs(runs, tmp_path):
+    with pytest.raises(ValueError, match="exactly 2 runs"):
+        cmp.write_comparison([*runs, runs[0]], ["a", "b", "c"], tmp_path / "out")
+
+
+def test_import_does_not_import_torch():
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    code = "import cs336sys.analysis.compare, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

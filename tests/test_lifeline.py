@@ -1,0 +1,161 @@
+"""The measuring child dies with its job; a job's process group dies with it."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cs336sys.pipeline import lifeline
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+ENV = {**os.environ, "PYTHONPATH": SRC}
+
+# A job: forks a child that arms the lifeline (ARM is the call) and sleeps, writes the
+# child's pid, then sleeps itself until it is killed.
+JOB = """
+import os, sys, time
+from cs336sys.pipeline import lifeline
+parent = os.getpid()
+pid = os.fork()
+if pid == 0:
+    {arm}
+    time.sleep(60)
+    os._exit(0)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(pid))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running, not merely an unreaped zombie (an orphan's reaper may be slow or absent)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    state = next(line.split()[1] for line in status.splitlines() if line.startswith("State:"))
+    return state not in ("Z", "X")
+
+
+def _wait_gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.02)
+    return not _alive(pid)
+
+
+def _wait_file(path: Path, proc: subprocess.Popen) -> int:
+    deadline = time.monotonic() + 20
+    while not path.exists():
+        assert proc.poll() is None, "the job died early"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return int(path.read_text())
+
+
+def _orphan_dies_with_job(tmp_path, arm: str, within_s: float) -> bool:
+    pidfile = tmp_path / "child.pid"
+    job = subprocess.Popen([sys.executable, "-c", JOB.format(arm=arm), str(pidfile)], env=ENV)
+    child = _wait_file(pidfile, job)
+    try:
+        time.sleep(0.2)  # let the child arm itself
+        assert _alive(child)
+        job.send_signal(signal.SIGKILL)
+        job.wait(timeout=10)
+        return _wait_gone(child, within_s)
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_child_dies_when_job_is_sigkilled(tmp_path):
+    assert _orphan_dies_with_job(tmp_path, "lifeline.die_with_parent(parent)", within_s=1.0)
+
+
+def test_without_lifeline_the_orphan_survives(tmp_path):
+    # the control: what the test above would see without die_with_parent
+    assert not _orphan_dies_with_job(tmp_path, "pass", within_s=1.0)
+
+
+def test_watchdog_fallback(tmp_path):
+    # the non-Linux path (polls getppid every 0.5 s), exercised here
+    assert _orphan_dies_with_job(tmp_path, "lifeline._start_watchdog(parent, 9)", within_s=1.5)
+
+
+def test_parent_already_gone_exits_at_once():
+    # parent_pid is not our parent: as if it died between fork and prctl
+    code = "from cs336sys.pipeline import lifeline; lifeline.die_with_parent(1); import time; time.sleep(30)"
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], env=ENV, timeout=20)
+    assert done.returncode == 1
+    assert time.monotonic() - t0 < 10
+
+
+# A job that becomes a group leader, starts a child which starts a grandchild ignoring
+# SIGTERM, writes their pids, then kills its own group and reports it survived.
+GROUP_JOB = """
+import os, subprocess, sys, time
+from cs336sys.pipeline import lifeline
+lifeline.own_process_group()
+assert os.getpgrp() == os.getpid()
+grand = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+child = "import subprocess, sys, time; g = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=subprocess.PIPE); g.stdout.readline(); print(g.pid, flush=True); time.sleep(60)"
+c = subprocess.Popen([sys.executable, "-c", child, grand], stdout=subprocess.PIPE, text=True)
+grand_pid = int(c.stdout.readline())
+with open(sys.argv[1], "w") as f:
+    f.write(f"{c.pid} {grand_pid}")
+lifeline.kill_process_group(os.getpgrp(), grace_s=0.5)
+c.wait()
+print("survived", flush=True)
+"""
+
+
+def test_job_kills_its_own_group_including_grandchild(tmp_path):
+    pids = tmp_path / "pids"
+    job = subprocess.run([sys.executable, "-c", GROUP_JOB, str(pids)], env=ENV, capture_output=True, text=True, timeout=30)
+    assert job.returncode == 0, job.stderr
+    assert job.stdout.strip() == "survived"
+    child, grand = map(int, pids.read_text().split())
+    assert _wait_gone(child, 1.0) and _wait_gone(grand, 1.0)
+
+
+# A job in its own session: starts a grandchild that ignores SIGTERM, writes its pid, sleeps.
+OUTSIDE_JOB = """
+import os, subprocess, sys, time
+grand = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+g = subprocess.Popen([sys.executable, "-c", grand], stdout=subprocess.PIPE)
+g.stdout.readline()
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(g.pid))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(60)
+"""
+
+
+def test_kill_process_group_from_outside(tmp_path):
+    pidfile = tmp_path / "grand.pid"
+    job = subprocess.Popen([sys.executable, "-c", OUTSIDE_JOB, str(pidfile)], env=ENV, start_new_session=True)
+    try:
+        grand = _wait_file(pidfile, job)
+        assert _alive(grand) and os.getpgid(grand) == job.pid
+        t0 = time.monotonic()
+        lifeline.kill_process_group(job.pid, grace_s=0.5)
+        assert time.monotonic() - t0 >= 0.45  # the grandchild outlived SIGTERM: SIGKILL took it
+        assert job.wait(timeout=5) == -signal.SIGTERM
+        assert _wait_gone(grand, 1.0)
+        lifeline.kill_process_group(job.pid)  # a group that is gone: no error
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+
+
+def test_refuses_init_group():
+    with pytest.raises(ValueError):
+        lifeline.kill_process_group(1)
