@@ -112,4 +112,6 @@ def graphed_lm_steps(model, run_model, inputs, targets, precision: str, device: 
         with torch.cuda.graph(graph):
             body()
         graphs[mode] = graph
-    return {mode: (lambda clock, g=g: g.replay()) for mode, g in graphs.items()}
+    # A graph holds raw addresses, not references: the optimizer's state (allocated in warm-up, outside
+    # the graph's pool) must outlive it, or freed and reused memory is what a replay updates.
+    return {mode: (lambda clock, g=g, keep=(opt, inference, train): g.replay()) for mode, g in graphs.items()}
