@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from cs336sys import attention as attn
-from cs336sys.attention import get_attention, is_valid, relu_attention, sdpa_attention, softmax_attention
-from cs336sys.mha import VARIANTS, MultiHeadAttention
-from cs336sys.performer import KERNELS, RELU_EPS, feature_map, orthogonal_features, performer_attention
+from cs336sys.models import attention as attn
+from cs336sys.models.attention import get_attention, is_valid, relu_attention, sdpa_attention, softmax_attention
+from cs336sys.models.mha import VARIANTS, MultiHeadAttention
+from cs336sys.models.performer import KERNELS, RELU_EPS, feature_map, orthogonal_features, performer_attention
 
 # ---------------------------------------------------------------- float64 references (no library code)
 

@@ -13,8 +13,11 @@ import pandas as pd
 import pytest
 import torch
 
-from cs336sys import cells
-from cs336sys.cells import ENV_COLUMNS, FAULT_ENV, Cell, Skip, order_columns, rows_to_frame, run_cell, write_csv_atomic
+from cs336sys.fileio import atomic_path, write_text_atomic
+from cs336sys.measure.env import environment
+from cs336sys.pipeline import rows as row_schema
+from cs336sys.pipeline.cells import FAULT_ENV, Cell, run_cell
+from cs336sys.pipeline.rows import ENV_COLUMNS, Skip, order_columns, rows_to_frame, write_csv_atomic
 
 # ---------------------------------------------------------------- measurements run in the child (module:function targets)
 
@@ -89,8 +92,17 @@ def quiet_faulthandler(request):
             faulthandler.enable()
 
 
+# what every row carries wherever it ran; ENV_COLUMNS adds GPU/host state where there is one
+BASE_ENV = ["device", "device_name", "driver_version", "torch_version", "cuda_version", "python_version", "git_commit", "host", "started_at"]
+
+
+def test_base_environment_is_what_the_measuring_process_reports():
+    assert set(environment(torch.device("cpu"))) == set(BASE_ENV)
+    assert [c for c in ENV_COLUMNS if c in BASE_ENV] == BASE_ENV  # the schema names them, in this order
+
+
 def assert_env_columns(row, device="cpu"):
-    for col in ENV_COLUMNS:
+    for col in BASE_ENV:
         assert col in row, col
     assert row["device"] == device
     assert row["torch_version"] == torch.__version__
@@ -140,9 +152,9 @@ def test_injected_hang_becomes_timeout(monkeypatch):
 
 
 def test_fault_injection_only_hits_cells_matching_the_substring(monkeypatch):
-    monkeypatch.setenv(FAULT_ENV, "error:ctx=512")
-    hit = run_cell(make_cell(cell_id="size=small_ctx=512_prec=bf16"))
-    miss = run_cell(make_cell(cell_id="size=small_ctx=128_prec=bf16"))
+    monkeypatch.setenv(FAULT_ENV, "error:context_length=512")
+    hit = run_cell(make_cell(cell_id="size=small_context_length=512_precision=bf16"))
+    miss = run_cell(make_cell(cell_id="size=small_context_length=128_precision=bf16"))
     assert [r["status"] for r in hit] == ["error"]
     assert [r["status"] for r in miss] == ["ok", "ok"]
 
@@ -223,8 +235,10 @@ def test_rows_to_frame_orders_head_axes_where_measurements_environment():
     cols = list(frame.columns)
     assert cols[:6] == ["study", "cell_id", "status", "error", "x", "precision"]
     assert cols[6] == "mode"
-    assert cols[-len(ENV_COLUMNS):] == ENV_COLUMNS
-    assert set(cols[7:-len(ENV_COLUMNS)]) == {"i", "tag", "device_seen", "small_sum"}
+    env = [c for c in ENV_COLUMNS if c in cols]
+    assert set(BASE_ENV) <= set(env)
+    assert cols[-len(env):] == env
+    assert set(cols[7:-len(env)]) == {"i", "tag", "device_seen", "small_sum"}
     assert order_columns(["b", "status", "a", "host", "phase"], axes=["a"]) == ["status", "a", "phase", "b", "host"]
 
 
@@ -271,4 +285,22 @@ def test_write_csv_atomic_failure_keeps_the_old_content(tmp_path, monkeypatch):
 
 
 def test_statuses_are_the_documented_five():
-    assert cells.STATUSES == ("ok", "oom", "error", "timeout", "skipped")
+    assert row_schema.STATUSES == ("ok", "oom", "error", "timeout", "skipped")
+    assert [str(s) for s in row_schema.Status] == list(row_schema.STATUSES)
+
+
+def test_write_text_atomic_keeps_the_suffix_of_its_temporary_and_leaves_none(tmp_path):
+    seen = []
+    with atomic_path(tmp_path / "sub" / "trace.json.gz") as tmp:
+        seen.append(tmp)
+        tmp.write_bytes(b"x")
+        assert tmp.name.startswith(".") and tmp.name.endswith(".json.gz")  # hidden from globs; torch picks gzip by suffix
+    assert (tmp_path / "sub" / "trace.json.gz").read_bytes() == b"x" and not seen[0].exists()
+    assert write_text_atomic(tmp_path / "a.md", "hello") == tmp_path / "a.md"
+    assert (tmp_path / "a.md").read_text() == "hello"
+    with pytest.raises(RuntimeError):
+        with atomic_path(tmp_path / "a.md") as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("killed")
+    assert (tmp_path / "a.md").read_text() == "hello"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.md", "sub"]

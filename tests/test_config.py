@@ -11,8 +11,8 @@ import yaml
 from workflow_helpers import DEMO, REPO, copy_repo, load_config, snakemake, write_yaml
 
 from cs336sys import studies as S
-from cs336sys.config import ConfigError, validate_config
-from cs336sys.sizes import known_sizes
+from cs336sys.models.sizes import known_sizes
+from cs336sys.pipeline.config import ConfigError, load_schema, validate_config
 
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 PRESETS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "config").glob("*.yaml"))
@@ -42,12 +42,17 @@ def test_schema_studies_match_the_library_and_the_rules():
     schema = yaml.safe_load(SCHEMA.read_text())
     names = schema["properties"]["studies"]["items"]["enum"]
     assert set(names) == set(S.STUDIES), "the schema's study list and cs336sys.studies.STUDIES differ"
-    (pattern,) = schema["properties"]["resources"]["patternProperties"]
+    assert "resources" not in schema["properties"], "resources live in each study's section now"
     for name in names:
         assert name in schema["properties"], f"the schema has no {name!r} section"
-        assert re.match(pattern, name), f"resources.{name} is not allowed by the schema"
-        rules = (REPO / "workflow" / "rules" / f"{name}.smk").read_text()
-        assert re.search(rf"^rule {name}_cell:", rules, re.M), f"workflow/rules/{name}.smk has no rule {name}_cell"
+        section = schema["properties"][name]["properties"]
+        assert "resources" in section, f"{name}.resources is not allowed by the schema"
+        assert set(section["grid"]["properties"]) == set(S.study(name).axes), f"{name}.grid keys are not the study's axes"
+    # one loop makes every study's cell rule from the registry: no per-study rule file
+    rules = (REPO / "workflow" / "rules" / "cells.smk").read_text()
+    assert re.search(r"^for (\w+) in STUDIES:", rules, re.M), "workflow/rules/cells.smk does not loop over the studies"
+    assert 'f"{_study}_cell"' in rules, "workflow/rules/cells.smk does not name the rules <study>_cell"
+    assert not [p.name for p in (REPO / "workflow" / "rules").glob("*.smk") if p.stem in names], "a per-study rule file is back"
 
 
 def test_default_config_validates():
@@ -82,9 +87,9 @@ def test_unknown_key_in_an_extra_size_is_named(cfg):
     "path, value",
     [
         ("e2e.batch_size", "four"),
-        ("e2e.context_lengths", [0]),
-        ("attention.seq_len", "64"),
-        ("mha.variants", ["exact"]),
+        ("e2e.grid.context_length", [0]),
+        ("attention.grid.seq_len", "64"),
+        ("mha.grid.variant", ["exact"]),
         ("device", "tpu"),
         ("memory_fraction", 1.5),
     ],
@@ -96,7 +101,7 @@ def test_wrong_type_or_value_names_the_key(cfg, path, value):
         block = block[p]
     block[key] = value
     message = _error(cfg)
-    assert repr(path) in message or f"'{path}." in message, message  # 'e2e.context_lengths.0' names the item
+    assert repr(path) in message or f"'{path}." in message, message  # 'e2e.grid.context_length.0' names the item
 
 
 def test_every_problem_is_reported_at_once(cfg):
@@ -107,23 +112,70 @@ def test_every_problem_is_reported_at_once(cfg):
 
 
 def test_unknown_model_size_lists_the_known_sizes(cfg):
-    cfg["e2e"]["sizes"] = ["tiny", "huge"]
+    cfg["e2e"]["grid"]["size"] = ["tiny", "huge"]
     message = _error(cfg)
-    assert "'huge'" in message and "e2e.sizes" in message
+    assert "'huge'" in message and "e2e.grid.size" in message
     for name in known_sizes(cfg["extra_sizes"]):
         assert name in message, f"known size {name!r} not listed: {message}"
 
 
 def test_unknown_warmup_size_is_named(cfg):
-    cfg["warmup"]["size"] = "huge"
+    cfg["warmup"]["grid"]["size"] = ["huge"]
     message = _error(cfg)
-    assert "warmup.size" in message and "'huge'" in message
+    assert "warmup.grid.size" in message and "'huge'" in message
 
 
-def test_study_without_its_section_is_named(cfg):
+def test_unknown_study_is_named(cfg):
+    cfg["studies"] = ["e2e", "flsh"]
+    assert "'flsh'" in _error(cfg)
+
+
+def test_study_without_its_section_takes_the_schema_defaults(cfg):
+    """A study's section may be omitted: validation fills it from the schema's defaults."""
     cfg["studies"] = ["e2e", "flash"]
     del cfg["flash"]
-    assert "flash" in _error(cfg)
+    validate_config(cfg, SCHEMA)
+    flash = load_schema(SCHEMA)["properties"]["flash"]["properties"]
+    for axis in S.study("flash").axes:
+        assert cfg["flash"]["grid"][axis] == flash["grid"]["properties"][axis]["default"], axis
+    assert cfg["flash"]["timeout_s"] == flash["timeout_s"]["default"]
+    assert set(cfg["flash"]["resources"]) == {"runtime_min", "mem_mb"}
+    assert S.grid("flash", cfg), "the default flash grid has no cell"
+
+
+def test_validation_fills_every_default_into_the_sections_it_checks(cfg):
+    del cfg["e2e"]["batch_size"], cfg["e2e"]["resources"], cfg["e2e"]["grid"]["compile"]
+    del cfg["peak_tflops"]
+    validate_config(cfg, SCHEMA)
+    schema = load_schema(SCHEMA)
+    assert cfg["e2e"]["batch_size"] == schema["properties"]["e2e"]["properties"]["batch_size"]["default"]
+    assert cfg["e2e"]["grid"]["compile"] == [False]
+    assert cfg["e2e"]["resources"] == {"runtime_min": 30, "mem_mb": 16000}
+    assert cfg["peak_tflops"] == {}
+    # a study listed with `null` for its section gets the defaults too
+    nulled = copy.deepcopy(cfg)
+    nulled["mha"] = None
+    validate_config(nulled, SCHEMA)
+    assert nulled["mha"]["grid"]["variant"] == ["exact-eager", "exact-sdpa", "performer"]
+
+
+def test_top_level_resources_are_gone(cfg):
+    cfg["resources"] = {"e2e": {"runtime_min": 5, "mem_mb": 2000}}
+    assert "'resources'" in _error(cfg)
+
+
+def test_time_limit_is_not_a_cell_setting(cfg):
+    """timeout_s travels as a job resource: changing it must not change what a cell measures (its params)."""
+    validate_config(cfg, SCHEMA)
+    for study in cfg["studies"]:
+        axes = next(iter(S.grid(study, cfg).values()))
+        before = S.cell_settings(study, axes, cfg)
+        assert "timeout_s" not in before["kwargs"] and "timeout_s" not in before
+        assert "resources" not in before["kwargs"] and "grid" not in before["kwargs"]
+        changed = copy.deepcopy(cfg)
+        changed[study]["timeout_s"] = cfg[study]["timeout_s"] * 2
+        changed[study]["resources"]["runtime_min"] += 1
+        assert S.cell_settings(study, axes, changed) == before, study
 
 
 def test_snakemake_rejects_a_bad_config_before_any_job(tmp_path):

@@ -8,17 +8,17 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from cs336sys import memory
-from cs336sys.bench_attention import measure_attention
-from cs336sys.bench_lm import measure_e2e
-from cs336sys.bench_mha import measure_mha
-from cs336sys.cells import Skip
-from cs336sys.flops import BACKWARD_FACTOR, attention_core_flops, lm_forward_flops, mha_forward_flops
-from cs336sys.metrics import PEAK_TFLOPS, add_derived, peak_tflops
-from cs336sys.mha import MultiHeadAttention
-from cs336sys.model import TransformerLM
-from cs336sys.sizes import ModelSize, parameter_count
-from cs336sys.timing import STEP, StepClock, summarize, time_steps
+from cs336sys.analysis.metrics import PEAK_TFLOPS, add_derived, peak_tflops
+from cs336sys.measure import memory
+from cs336sys.measure.flops import BACKWARD_FACTOR, attention_core_flops, lm_forward_flops, mha_forward_flops, phase_flops
+from cs336sys.measure.timing import STEP, StepClock, summarize, time_steps
+from cs336sys.models.mha import MultiHeadAttention
+from cs336sys.models.model import TransformerLM
+from cs336sys.models.sizes import ModelSize, parameter_count
+from cs336sys.pipeline.rows import Skip
+from cs336sys.studies.attention.measure import measure as measure_attention
+from cs336sys.studies.e2e.measure import measure as measure_e2e
+from cs336sys.studies.mha.measure import measure as measure_mha
 
 CPU = torch.device("cpu")
 
@@ -212,6 +212,14 @@ def test_mha_forward_flops_hand_count_and_flop_counter(variant, kernel, m):
         assert counter.get_total_flops() == hand
 
 
+def test_phase_flops_credit_each_timed_phase_from_one_forward():
+    assert phase_flops(10.0, "inference") == {"forward": 10.0, STEP: 10.0}
+    train = phase_flops(10.0, "train")
+    assert train["forward"] == 10.0 and train["backward"] == BACKWARD_FACTOR * 10.0
+    assert train[STEP] == train["forward_backward"] == (1 + BACKWARD_FACTOR) * 10.0
+    assert train["optimizer_step"] is None  # no matmul FLOPs: no TFLOP/s for the optimizer
+
+
 def test_mha_flops_unknown_variant():
     with pytest.raises(ValueError):
         mha_forward_flops(1, 4, 8, 2, "linformer", None)
@@ -352,11 +360,11 @@ def test_measure_e2e_bf16_forward_only_and_bad_arguments():
     with pytest.raises(ValueError, match="inference"):
         next(measure_e2e(CPU, {}, size="tiny", context_length=8, precision="fp32", modes=("bogus",), extra_sizes=TINY_EXTRA))
     with pytest.raises(Skip):
-        next(measure_e2e(CPU, {}, size="tiny", context_length=8, precision="fp32", attention="triton", extra_sizes=TINY_EXTRA))
+        next(measure_e2e(CPU, {}, size="tiny", context_length=8, precision="fp32", impl="triton", extra_sizes=TINY_EXTRA))
 
 
 def test_git_commit_can_be_named_where_the_tree_has_no_git(monkeypatch):
-    from cs336sys import env
+    from cs336sys.measure import env
 
     env.git_commit.cache_clear()
     monkeypatch.setenv("CS336SYS_GIT_COMMIT", "abc123def456")

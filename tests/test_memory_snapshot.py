@@ -6,7 +6,7 @@ import sysconfig
 import pytest
 import torch
 
-from cs336sys.memory_snapshot import (
+from cs336sys.measure.memory_snapshot import (
     MIB,
     active_timeline,
     clock_us,

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from cs336sys.model import Embedding, Linear, RMSNorm, RotaryEmbedding, TransformerLM
-from cs336sys.optim import DEFAULTS, AdamW, make_optimizer
-from cs336sys.sizes import MODEL_SIZES, ModelSize, known_sizes, parameter_count, resolve_size
+from cs336sys.models.model import Embedding, Linear, RMSNorm, RotaryEmbedding, TransformerLM
+from cs336sys.models.optim import DEFAULTS, AdamW, make_optimizer
+from cs336sys.models.sizes import MODEL_SIZES, ModelSize, known_sizes, parameter_count, resolve_size
 
 TINY = ModelSize(d_model=32, d_ff=64, num_layers=2, num_heads=4)
 VOCAB = 101

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from cs336sys.precision import accumulate, accumulation_table, autocast_dtypes
+from cs336sys.studies.precision.measure import accumulate, accumulation_table, autocast_dtypes
 
 
 def test_accumulation_table():

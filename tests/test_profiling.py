@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from cs336sys.profiling import (
+import pandas as pd
+
+from cs336sys.measure.profiling import (
+    MATMUL_PATTERN,
     PHASES,
     Kernel,
     Range,
@@ -15,8 +18,8 @@ from cs336sys.profiling import (
     attribute_kernels,
     events_from_profiler,
     profile_steps,
-    summarise_kernels,
 )
+from cs336sys.studies.profile.report import non_matmul_kernels, profile_answers
 
 # Two steps. Step 1: forward [0, 100], backward [100, 250], optimizer [250, 300],
 # with attention sub-ranges inside forward; step 2's forward is [400, 500].
@@ -71,17 +74,45 @@ def test_attention_subranges():
     assert empty["count"].tolist() == [0, 0, 0] and empty["total_us"].isna().all()
 
 
+def _profile_rows(table, steps, mode="train", subranges=None):
+    """Rows of one profile cell as the study writes them (kind = kernel / subrange), from a kernel table."""
+    common = dict(study="profile", cell_id="c", status="ok", profiled_steps=steps, device_kind="cuda", mode=mode)
+    rows = [dict(kind="kernel", **rec, **common) for rec in table.to_dict("records")]
+    if subranges is not None:
+        rows += [dict(kind="subrange", phase=rec.pop("range"), **rec, **common) for rec in subranges.to_dict("records")]
+    return pd.DataFrame(rows)
+
+
 def test_summary():
-    s = summarise_kernels(attribute_kernels(RANGES, KERNELS), steps=2)
-    assert s["phase_total_us"] == {"forward": 40.0, "backward": 90.0, "optimizer_step": 10.0, "other": 10.0}
-    assert s["phase_total_us_per_step"]["backward"] == 45.0
-    assert s["forward_top_kernel"] == "ampere_sgemm_128x64_nn"
-    assert s["forward_top_kernel_calls_per_step"] == 1.5
-    assert s["backward_top_kernel"] == "cutlass_80_tensorop_gemm_bwd"
-    assert s["same_top_kernel_fwd_bwd"] is False
-    assert s["matmul_share"]["forward"] == 0.75
-    assert s["matmul_share"]["backward"] == pytest.approx(50 / 90)
-    assert s["non_matmul_over_1pct"]["forward"] == [{"kernel": "softmax_warp_forward", "share": 0.25}]
+    """The nsys_profile answers (report: profile_answers, non_matmul_kernels) from the hand-built trace."""
+    table = attribute_kernels(RANGES, KERNELS)
+    totals = table.groupby("phase")["total_us"].sum()
+    assert totals.to_dict() == {"forward": 40.0, "backward": 90.0, "optimizer_step": 10.0, "other": 10.0}
+    assert totals["backward"] / 2 == 45.0  # per step
+    is_mm = table["kernel"].str.contains(MATMUL_PATTERN)
+    matmul_share = table[is_mm].groupby("phase")["share_of_phase"].sum()
+    assert matmul_share["forward"] == 0.75
+    assert matmul_share["backward"] == pytest.approx(50 / 90)
+
+    prof = _profile_rows(table, steps=2, subranges=attention_subrange_table(RANGES, KERNELS))
+    answers = profile_answers(prof).iloc[0]
+    assert answers["train_forward_profiler_ms"] == pytest.approx(40.0 / 2 / 1e3)  # 40 µs over 2 steps
+    assert answers["forward_top_kernel"] == "ampere_sgemm_128x64_nn"
+    assert answers["its_calls_per_forward"] == 1.5
+    assert answers["its_share_of_forward"] == 0.75
+    assert answers["fwd+bwd_top_kernel"] == "cutlass_80_tensorop_gemm_bwd"  # 50 µs against the sgemm's 30
+    assert not bool(answers["same_top_kernel"])
+    assert answers["train_matmul_share"] == pytest.approx(80 / 150)  # (30 + 50) µs of all 150 µs of train kernels
+    assert answers["attn_softmax_over_matmul_time"] == pytest.approx(10 / 20)
+    assert np.isnan(answers["inference_matmul_share"])  # no inference kernels in this table
+
+    non_mm = non_matmul_kernels(prof)
+    by_phase = {p: list(zip(g["kernel"], g["share_of_phase"])) for p, g in non_mm.groupby("phase")}
+    assert by_phase["forward"] == [("softmax_warp_forward", 0.25)]
+    assert by_phase["backward"] == [("elementwise_straddler", pytest.approx(40 / 90))]
+    assert by_phase["optimizer_step"] == [("multi_tensor_apply_add", 1.0)]
+    assert not non_mm["kernel"].str.contains(MATMUL_PATTERN).any()
+    assert non_matmul_kernels(prof, min_share=0.3)["kernel"].tolist().count("softmax_warp_forward") == 0
 
 
 def test_empty_inputs():
@@ -117,8 +148,9 @@ def test_real_cpu_profile(tmp_path):
     np.testing.assert_allclose(table.groupby("phase")["share_of_phase"].sum(), 1.0)
     assert "aten::addmm" in set(table.loc[table["phase"] == "forward", "kernel"])
     assert "aten::add_" in set(table.loc[table["phase"] == "optimizer_step", "kernel"])
-    summary = summarise_kernels(table, steps=3)
-    assert summary["matmul_share"]["forward"] > 0  # aten::addmm matches the pattern
+    answers = profile_answers(_profile_rows(table, steps=3)).iloc[0]
+    assert answers["train_matmul_share"] > 0  # aten::addmm matches the pattern
+    assert table.loc[(table["phase"] == "forward") & table["kernel"].str.contains(MATMUL_PATTERN), "share_of_phase"].sum() > 0
 
     with gzip.open(trace) as f:  # torch gzips a .json.gz trace itself
         assert "traceEvents" in json.load(f)

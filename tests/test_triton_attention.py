@@ -23,7 +23,7 @@ if not ON_GPU:
 triton = pytest.importorskip("triton")
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-import cs336sys.triton_attention as ta  # noqa: E402
+import cs336sys.models.triton_attention as ta  # noqa: E402
 
 INTERPRETING = ta._INTERPRET and isinstance(triton.language.standard.sum, InterpretedFunction)
 runs_here = pytest.mark.skipif(not (ON_GPU or INTERPRETING),

@@ -3,7 +3,7 @@
 Every run works in a temporary copy of the repository with cwd = the copy. The full cpu-demo preset
 runs once per module (`demo`); the rerun tests share one run of a reduced grid (`reduced`, 7 cells)
 and each inspects a dry run (`snakemake -n`) of its own clone of that finished run; failure
-injection (CS336SYS_INJECT_FAULT, see cs336sys.cells) uses attention-only grids of one or two cells.
+injection (CS336SYS_INJECT_FAULT, see cs336sys.pipeline.cells) uses attention-only grids of one or two cells.
 """
 
 from __future__ import annotations
@@ -32,7 +32,11 @@ from workflow_helpers import (
     write_yaml,
 )
 
-from cs336sys.cells import ENV_COLUMNS, STATUSES
+from cs336sys.measure.env import environment
+from cs336sys.pipeline.rows import ENV_COLUMNS, STATUSES
+
+# the environment columns every row carries on any device (ENV_COLUMNS adds GPU/host state where there is one)
+BASE_ENV = [c for c in ENV_COLUMNS if c in environment(torch.device("cpu"))]
 
 # --- the full cpu-demo preset, once ------------------------------------------------------------
 
@@ -70,7 +74,7 @@ def test_cpu_demo_merged_csvs_keep_every_cell_status_and_environment(demo):
     root, _, config = demo
     for study in config["studies"]:
         df = pd.read_csv(root / "results" / DEMO_RUN / f"{study}.csv")
-        missing = [c for c in ["study", "cell_id", "status", "error", *ENV_COLUMNS] if c not in df.columns]
+        missing = [c for c in ["study", "cell_id", "status", "error", *BASE_ENV] if c not in df.columns]
         assert not missing, f"{study}.csv lacks columns {missing}"
         assert set(df["cell_id"]) == set(grid(config, study)), f"{study}.csv does not hold exactly the grid's cells"
         assert set(df["status"]) <= set(STATUSES), f"{study}.csv: unknown statuses {set(df['status']) - set(STATUSES)}"
@@ -111,13 +115,13 @@ REDUCED_FILE = "config/test-reduced.yaml"
 REDUCED_STUDIES = ["e2e", "warmup", "attention", "mha", "flash"]
 REDUCED = {  # over config/cpu-demo.yaml: 1-2 cells per study, mha with an exact and a performer cell
     "studies": REDUCED_STUDIES,
-    "e2e": {"sizes": ["tiny"], "context_lengths": [32], "precisions": ["fp32"], "attention": ["eager"], "compile": [False]},
-    "warmup": {"warmup_steps": [0]},
-    "attention": {"d_model": [16], "seq_len": [64], "activation": ["softmax", "relu"], "impl": ["eager"], "causal": [True],
-                  "precisions": ["fp32"]},
-    "mha": {"embed_dim": [32], "num_heads": [4], "seq_len": [64], "variants": ["exact-eager", "performer"], "kernels": ["relu"],
-            "num_features": [16]},
-    "flash": {"seq_len": [64], "head_dim": [16], "precisions": ["fp32"], "impl": ["eager"], "leaderboard": None},
+    "e2e": {"grid": {"size": ["tiny"], "context_length": [32], "precision": ["fp32"], "impl": ["eager"], "compile": [False]}},
+    "warmup": {"grid": {"warmup_steps": [0]}},
+    "attention": {"grid": {"d_model": [16], "seq_len": [64], "activation": ["softmax", "relu"], "impl": ["eager"],
+                           "causal": [True], "precision": ["fp32"]}},
+    "mha": {"grid": {"embed_dim": [32], "num_heads": [4], "seq_len": [64], "variant": ["exact-eager", "performer"],
+                     "kernel": ["relu"], "num_features": [16]}},
+    "flash": {"grid": {"seq_len": [64], "head_dim": [16], "precision": ["fp32"], "impl": ["eager"]}, "leaderboard": None},
 }  # fmt: skip
 
 
@@ -161,12 +165,12 @@ def test_rerun_touching_sources_reruns_nothing(rerun):
 
 @pytest.mark.slow
 def test_rerun_after_editing_attention_py(rerun):
-    with open(rerun / "src" / "cs336sys" / "attention.py", "a") as f:
+    with open(rerun / "src" / "cs336sys" / "models" / "attention.py", "a") as f:
         f.write("\n# edited by tests/test_workflow.py\n")
     run = dry_run(rerun, DEMO, REDUCED_FILE)
 
     performer = _cells(rerun, lambda s, axes: s == "mha" and axes["variant"] == "performer")
-    expected = _cells(rerun) - performer  # e2e, warmup, attention, flash and the exact mha cells all run attention.py
+    expected = _cells(rerun) - performer  # e2e, warmup, attention, flash and the exact mha cells all run models/attention.py
     assert performer, "the reduced grid should hold mha performer cells"
     assert {r for r, _ in expected} >= {"e2e_cell", "warmup_cell", "attention_cell", "mha_cell"}
     assert run.cells() == expected, (
@@ -182,6 +186,26 @@ def test_rerun_after_editing_attention_py(rerun):
 
 
 @pytest.mark.slow
+def test_rerun_after_editing_the_triton_kernels_reruns_no_cell_without_triton(rerun):
+    """No cell of the reduced grid selects impl=triton: an edit to the kernels must rerun nothing."""
+    with open(rerun / "src" / "cs336sys" / "models" / "triton_attention.py", "a") as f:
+        f.write("\n# edited by tests/test_workflow.py\n")
+    assert not _cells(rerun, lambda s, axes: axes.get("impl") == "triton")
+    run = dry_run(rerun, DEMO, REDUCED_FILE)
+    assert run.nothing_to_do, run.describe()
+
+
+@pytest.mark.slow
+def test_rerun_after_editing_a_study_report_reruns_no_cell_and_no_merge(rerun):
+    with open(rerun / "src" / "cs336sys" / "studies" / "mha" / "report.py", "a") as f:
+        f.write("\n# edited by tests/test_workflow.py\n")
+    run = dry_run(rerun, DEMO, REDUCED_FILE)
+    assert not run.cells(), run.describe()
+    assert run.rules() <= {"plots", "report", "all"} and {"mha"} <= run.studies("plots"), run.describe()
+    assert run.counts()["report"] == 1, run.describe()
+
+
+@pytest.mark.slow
 def test_rerun_after_editing_plot_script_reruns_only_plots_and_report(rerun):
     with open(rerun / "workflow" / "scripts" / "plot.py", "a") as f:
         f.write("\n# edited by tests/test_workflow.py\n")
@@ -192,9 +216,23 @@ def test_rerun_after_editing_plot_script_reruns_only_plots_and_report(rerun):
 
 
 @pytest.mark.slow
+def test_rerun_after_changing_time_limits_and_resources_runs_nothing(rerun):
+    """timeout_s and resources are job resources, not cell params: changing them reruns no cell and no merge.
+
+    Only the report may rerun: it prints each study's config section, time limits included.
+    """
+    changed = {**REDUCED, "attention": {**REDUCED["attention"], "timeout_s": 77, "resources": {"runtime_min": 7, "mem_mb": 1234}},
+               "e2e": {**REDUCED["e2e"], "timeout_s": 99}}  # fmt: skip
+    write_yaml(rerun / REDUCED_FILE, changed)
+    run = dry_run(rerun, DEMO, REDUCED_FILE)
+    assert not run.cells(), run.describe()
+    assert run.rules() <= {"report", "all"}, run.describe()
+
+
+@pytest.mark.slow
 def test_rerun_after_adding_a_grid_value_runs_only_the_new_cells(rerun):
     before = _cells(rerun)
-    bigger = {**REDUCED, "attention": {**REDUCED["attention"], "seq_len": [64, 128]}}
+    bigger = {**REDUCED, "attention": {"grid": {**REDUCED["attention"]["grid"], "seq_len": [64, 128]}}}
     write_yaml(rerun / REDUCED_FILE, bigger)
     new = _cells(rerun) - before
     assert new and {r for r, _ in new} == {"attention_cell"}
@@ -210,8 +248,8 @@ def test_rerun_after_adding_a_grid_value_runs_only_the_new_cells(rerun):
 FAULT_FILE = "config/test-fault.yaml"
 ATTENTION_ONLY = {
     "studies": ["attention"],
-    "attention": {"d_model": [16], "seq_len": [64], "activation": ["softmax", "relu"], "impl": ["eager"], "causal": [True],
-                  "precisions": ["fp32"]},
+    "attention": {"grid": {"d_model": [16], "seq_len": [64], "activation": ["softmax", "relu"], "impl": ["eager"],
+                           "causal": [True], "precision": ["fp32"]}},
 }  # fmt: skip
 
 
@@ -241,7 +279,7 @@ def _failure_lines(root: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def oom_run(tmp_path_factory):
-    return _fault_run(tmp_path_factory, "oom", "oom:act=relu", ATTENTION_ONLY, import_log=True)
+    return _fault_run(tmp_path_factory, "oom", "oom:activation=relu", ATTENTION_ONLY, import_log=True)
 
 
 @pytest.mark.slow
@@ -249,11 +287,11 @@ def test_injected_oom_is_a_row_and_the_workflow_finishes(oom_run):
     root, result = oom_run
     _require_success(result)
     df = _merged(root, "attention")
-    relu, softmax = df[df["cell_id"].str.contains("act=relu")], df[df["cell_id"].str.contains("act=softmax")]
+    relu, softmax = df[df["cell_id"].str.contains("activation=relu")], df[df["cell_id"].str.contains("activation=softmax")]
     assert not relu.empty and set(relu["status"]) == {"oom"}, df[["cell_id", "status", "error"]].to_string()
     assert relu["error"].str.contains("out of memory", case=False).all()
     assert not softmax.empty and set(softmax["status"]) == {"ok"}, df[["cell_id", "status", "error"]].to_string()
-    assert all(c in df.columns for c in ENV_COLUMNS)
+    assert BASE_ENV and all(c in df.columns for c in BASE_ENV)
 
     (cell,) = set(relu["cell_id"])
     lines = _failure_lines(root)
@@ -280,13 +318,13 @@ def test_jobs_import_the_checkouts_own_library(oom_run):
 
 @pytest.mark.slow
 def test_injected_abort_is_an_error_row_naming_sigabrt(tmp_path_factory):
-    root, result = _fault_run(tmp_path_factory, "abort", "abort:act=relu", ATTENTION_ONLY)
+    root, result = _fault_run(tmp_path_factory, "abort", "abort:activation=relu", ATTENTION_ONLY)
     _require_success(result)
     df = _merged(root, "attention")
-    relu = df[df["cell_id"].str.contains("act=relu")]
+    relu = df[df["cell_id"].str.contains("activation=relu")]
     assert not relu.empty and set(relu["status"]) == {"error"}, df[["cell_id", "status", "error"]].to_string()
     assert relu["error"].str.contains("SIGABRT").all(), relu["error"].tolist()
-    assert set(df.loc[df["cell_id"].str.contains("act=softmax"), "status"]) == {"ok"}
+    assert set(df.loc[df["cell_id"].str.contains("activation=softmax"), "status"]) == {"ok"}
     (cell,) = set(relu["cell_id"])
     assert any(cell in line and "error" in line for line in _failure_lines(root))
 
@@ -296,8 +334,8 @@ def test_a_study_whose_every_cell_failed_is_still_merged_plotted_and_reported(tm
     """On a small GPU every cell of a study can run out of memory; the workflow must still finish."""
     override = {
         "studies": ["e2e", "attention"],
-        "e2e": {"sizes": ["tiny"], "context_lengths": [32], "precisions": ["fp32"], "attention": ["eager"], "compile": [False]},
-        "attention": {**ATTENTION_ONLY["attention"], "activation": ["softmax"]},
+        "e2e": {"grid": {"size": ["tiny"], "context_length": [32], "precision": ["fp32"], "impl": ["eager"], "compile": [False]}},
+        "attention": {"grid": {**ATTENTION_ONLY["attention"]["grid"], "activation": ["softmax"]}},
     }
     root, result = _fault_run(tmp_path_factory, "allfail", "oom:precision=fp32", override)  # matches every cell
     _require_success(result)

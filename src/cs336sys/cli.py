@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -128,8 +129,10 @@ def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
     try:
         return validate_config(config)
     except ConfigError as exc:
-        message = str(exc).replace(f"'{args.study}.grid.", "'--").replace(f"'{args.study}.", "'--")
-        parser.error(message.replace("config key ", "flag "))
+        # config key paths → the flags that set them: 'e2e.grid.context_length.0' → '--context-length'
+        message = re.sub(rf"config key '{args.study}\.(?:grid\.)?(\w+?)(?:\.\d+)?'", lambda m: f"flag '{_flag(m.group(1))}'", str(exc))
+        message = message.replace("flag '--grid': no valid cell", "these flags make no valid cell")
+        parser.error(message)
 
 
 def command_line(study: str, axes: Mapping[str, Any], config: Mapping[str, Any], target: str = "e2e") -> str:

@@ -60,7 +60,7 @@ def merge_cells(paths: Iterable[str | Path], study: str, peak_overrides: Mapping
 def load_study(path: str | Path, study: str | None = None) -> pd.DataFrame:
     df = pd.read_csv(path)
     if "error" in df:
-        df["error"] = df["error"].fillna("")
+        df["error"] = df["error"].astype("object").fillna("")
     study = study or (str(df["study"].iloc[0]) if "study" in df and len(df) else None)
     return upgrade(df, study) if study else df
 

@@ -92,7 +92,7 @@ def load_schema(schema_path: str | Path = SCHEMA_PATH) -> dict:
 def validate_schema(config: dict, schema_path: str | Path = SCHEMA_PATH) -> None:
     schema = load_schema(schema_path)
     validator = _fill_defaults(jsonschema.Draft202012Validator, schema)(schema)
-    # study sections are filled only for the studies that run: an unused section stays as written
+    # a study listed without its section takes every default (`null` counts as absent)
     for name in config.get("studies") or []:
         if isinstance(name, str) and name in schema["properties"] and config.get(name) is None:
             config[name] = {}
@@ -143,7 +143,8 @@ def validate_semantics(config: Mapping[str, Any]) -> None:
     if not problems:
         for study in config.get("studies", []):
             if not S.cells(study, config[study]):
-                problems.append(f"config key '{study}.grid': no valid cell (every combination is invalid, e.g. embed_dim not divisible by num_heads or sdpa × relu)")
+                why = S.study(study).why_invalid or "every combination is invalid"
+                problems.append(f"config key '{study}.grid': no valid cell: {why}")
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 

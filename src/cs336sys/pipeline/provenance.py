@@ -39,8 +39,15 @@ def _imports(module: str) -> tuple[str, ...]:
     if path is None:
         return ()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if path.name == "__init__.py":
+        # a package's lazy `__getattr__` (cs336sys.TransformerLM) runs only when that name is asked for
+        tree.body = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == "__getattr__")]
+        # a registry that imports every subpackage it finds (cs336sys.studies) imports them all
+        if "pkgutil.iter_modules(__path__)" in path.read_text():
+            found += [f"{module}.{p.name}" for p in path.parent.iterdir() if (p / "__init__.py").is_file()]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -31,6 +31,7 @@ class Study:
     question: str  # what it answers, with the handout's section
     axes: tuple[str, ...]  # cell-id order; also CSV columns, config grid keys and CLI flags
     valid: Callable[[Axes], bool] | None = None  # False: the combination is not a cell
+    why_invalid: str = ""  # what makes a combination invalid, for error messages
     canonical: Callable[[Axes], Axes] | None = None  # settle axes that do not apply (mha: m=0 for exact)
     extra_cells: Callable[[Mapping[str, Any]], list[Axes]] | None = None  # cells beyond the product
     cell_keys: tuple[str, ...] = ()  # section keys used by extra_cells, not passed to the measurement

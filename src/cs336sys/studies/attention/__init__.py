@@ -8,5 +8,6 @@ STUDY = Study(
     question="How do eager softmax and ReLU attention (and our fused kernels) scale in time and memory with sequence length? (§1.2.1)",
     axes=("d_model", "seq_len", "activation", "impl", "causal", "precision"),
     valid=lambda axes: is_valid(axes["impl"], axes["activation"]),  # SDPA has no ReLU: not a cell
+    why_invalid="impl sdpa has no relu activation (valid: eager, compiled, triton × softmax, relu; sdpa × softmax)",
     optional_modules={"cs336sys.models.triton_attention": lambda axes: axes["impl"] == "triton"},
 )

@@ -10,12 +10,13 @@ from cs336sys.analysis.findings import MIB
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.plots import device_of, draw_lines, failed_cells, ok_cells, plt, save, title
 from cs336sys.analysis.tables import OK, of_kind
+from cs336sys.studies import study
 
 def memory_summary(mem: pd.DataFrame) -> pd.DataFrame:
     rows = of_kind(mem, "summary")
     if rows.empty:
         return rows
-    out = rows[["size", "context_length", "precision", "mode"]].copy()
+    out = rows[list(study("memory").axes)].copy()
     for col in ("peak_mem_bytes", "peak_reserved_bytes", "mem_before_bwd_bytes", "residual_activation_bytes"):
         out[col.replace("_bytes", "_mib")] = rows[col] / MIB
     return out.reset_index(drop=True)

@@ -14,7 +14,11 @@ STUDY = Study(
     question="How do exact (eager, SDPA) and Performer attention layers scale with sequence length, with softmax and ReLU kernels?",
     axes=("embed_dim", "num_heads", "seq_len", "variant", "kernel", "num_features"),
     valid=lambda axes: mha_is_valid(axes["variant"], axes["kernel"]) and axes["embed_dim"] % axes["num_heads"] == 0,
+    why_invalid="variant exact-sdpa has no relu kernel (it is softmax only), and embed_dim must be divisible by num_heads",
     canonical=_canonical,
     # performer cells never run the exact cores: editing models/attention.py leaves them alone
-    optional_modules={"cs336sys.models.attention": lambda axes: axes["variant"] != "performer"},
+    optional_modules={
+        "cs336sys.models.attention": lambda axes: axes["variant"] != "performer",
+        "cs336sys.models.triton_attention": lambda axes: False,  # no mha variant runs our kernels
+    },
 )

@@ -1,0 +1,371 @@
+"""The package's layers keep their promises: the analysis side never imports torch, rerun hashes
+cover every module a cell runs, modules stay small, and the study registry matches the schema.
+
+The import checks run in fresh interpreters (``python -c``): the pytest process has imported
+torch and most of the package already, so its ``sys.modules`` proves nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pkgutil
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from workflow_helpers import DEMO, REPO, load_config
+
+from cs336sys import studies as S
+from cs336sys.pipeline.config import load_schema, validate_config
+
+SRC = REPO / "src"
+PACKAGE = SRC / "cs336sys"
+SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
+MAX_LINES = 400
+LONG_MODULES = {"models/triton_attention.py"}  # the Triton kernels: one file on purpose
+
+
+def _python(code: str, pythonpath: Path = SRC, timeout: int = 300, **env_extra: str) -> str:
+    """Run ``code`` in a fresh interpreter with ``pythonpath`` first on sys.path; return its stdout."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CS336SYS_INJECT_FAULT", "CS336SYS_TEST_IMPORT_LOG")}
+    env["PYTHONPATH"] = str(pythonpath) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(env_extra)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
+    assert proc.returncode == 0, f"subprocess failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc.stdout
+
+
+def _last_json(stdout: str):
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def demo_config():
+    return validate_config(load_config(REPO, DEMO), SCHEMA)
+
+
+# ---------------------------------------------------------------- 1. the torch-free side
+
+
+def _torch_free_modules() -> list[str]:
+    analysis = [f"cs336sys.analysis.{m.name}" for m in pkgutil.iter_modules([str(PACKAGE / "analysis")])]
+    reports = [f"cs336sys.studies.{name}.report" for name in S.STUDIES]
+    study_specs = [f"cs336sys.studies.{name}" for name in S.STUDIES]
+    # documented as importable without torch: the workflow's parse time and the CLI's flag checks use them
+    others = ["cs336sys", "cs336sys.studies", "cs336sys.pipeline.config", "cs336sys.pipeline.rows",
+              "cs336sys.pipeline.provenance", "cs336sys.models.sizes", "cs336sys.models.variants", "cs336sys.fileio",
+              "cs336sys.cli"]  # fmt: skip
+    return ["cs336sys.analysis", *analysis, *study_specs, *reports, *others]
+
+
+# A finder that lets every import through but remembers who asked for torch first.
+_IMPORT_PROBE = r"""
+import importlib, json, sys, traceback
+
+first = []
+
+class Probe:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and not first:
+            first.append([f"{f.filename}:{f.lineno}" for f in traceback.extract_stack() if "cs336sys" in f.filename])
+        return None
+
+sys.meta_path.insert(0, Probe())
+for module in json.loads(sys.argv[1] if len(sys.argv) > 1 else MODULES):
+    importlib.import_module(module)
+    if "torch" in sys.modules:
+        print(json.dumps({"module": module, "by": first[0] if first else []}))
+        break
+else:
+    print(json.dumps(None))
+"""
+
+
+def test_analysis_reports_cli_and_config_import_without_torch():
+    modules = _torch_free_modules()
+    assert "cs336sys.analysis.tables" in modules and "cs336sys.studies.e2e.report" in modules
+    code = f"MODULES = {json.dumps(json.dumps(modules))}\n" + _IMPORT_PROBE
+    culprit = _last_json(_python(code))
+    assert culprit is None, f"importing {culprit['module']} imported torch, via: {culprit['by']}"
+
+
+def test_the_torch_probe_itself_sees_torch():
+    """The check above must fail when a module imports torch: a measurement module does."""
+    code = f"MODULES = {json.dumps(json.dumps(['cs336sys.pipeline.rows', 'cs336sys.measure.timing']))}\n" + _IMPORT_PROBE
+    culprit = _last_json(_python(code))
+    assert culprit is not None and culprit["module"] == "cs336sys.measure.timing"
+    assert any("measure/timing.py" in frame for frame in culprit["by"]), culprit
+
+
+# ---------------------------------------------------------------- 2. rerun hashes are complete
+
+# Runs one cell's measurement the way the measuring child does (runner imported, then the target),
+# in-process on the CPU, and prints the cs336sys modules that were loaded.
+_RUN_CELL = r"""
+import importlib, json, sys
+import torch
+import cs336sys.pipeline.cells  # the runner: the measuring child is this module's process
+from cs336sys.pipeline.rows import Skip
+
+settings = json.loads(sys.argv[1] if len(sys.argv) > 1 else SETTINGS)
+module, _, name = settings["target"].partition(":")
+measure = getattr(importlib.import_module(module), name)
+status = "ok"
+try:
+    rows = list(measure(device=torch.device("cpu"), context={}, **settings["kwargs"]))
+    assert rows, "the measurement yielded no row"
+except Skip as exc:  # a cell that cannot run on a CPU still loaded what it loaded
+    status = f"skipped: {exc}"
+print(json.dumps({"status": status, "modules": sorted(m for m in sys.modules if m.split(".")[0] == "cs336sys")}))
+"""
+
+CHOICE_AXES = ("impl", "variant", "part")  # one cell per value: they select different code
+
+
+def _demo_cells(config) -> list[tuple[str, dict]]:
+    """One cell of each study of the demo, and one per distinct impl / variant / part value."""
+    picked = []
+    for study in config["studies"]:
+        seen = set()
+        for axes in S.cells(study, config[study]):
+            key = tuple(axes.get(a) for a in CHOICE_AXES)
+            if key not in seen:
+                seen.add(key)
+                picked.append((study, axes))
+    return picked
+
+
+def _demo_cell_params():
+    config = validate_config(load_config(REPO, DEMO), SCHEMA)
+    return [pytest.param(study, axes, id=f"{study}-{S.cell_id(study, axes)}") for study, axes in _demo_cells(config)]
+
+
+@pytest.mark.parametrize("study, axes", _demo_cell_params())
+def test_every_module_a_cell_loads_is_in_its_code_hash(demo_config, tmp_path, study, axes):
+    settings = S.cell_settings(study, axes, demo_config, artifact_dir=str(tmp_path / "artifacts"))
+    assert settings["target"] == f"cs336sys.studies.{study}.measure:measure"
+    code = f"SETTINGS = {json.dumps(json.dumps(settings))}\n" + _RUN_CELL
+    result = _last_json(_python(code, timeout=600))
+    hashed = set(S.cell_modules(study, axes))
+    loaded = set(result["modules"])
+    assert f"cs336sys.studies.{study}.measure" in loaded, result
+    missing = sorted(loaded - hashed)
+    assert not missing, (
+        f"{study} cell {S.cell_id(study, axes)} ({result['status']}) loaded modules that its rerun hash leaves out: "
+        f"{missing}\n(an edit to them would not rerun the cell)"
+    )
+
+
+def test_demo_cells_cover_every_impl_and_variant(demo_config):
+    picked = _demo_cells(demo_config)
+    assert {s for s, _ in picked} == set(demo_config["studies"])
+    mha = {axes["variant"] for s, axes in picked if s == "mha"}
+    assert {"performer", "exact-eager"} <= mha
+
+
+def test_optional_backends_stay_out_of_the_cells_that_do_not_run_them():
+    performer = {"embed_dim": 32, "num_heads": 4, "seq_len": 64, "variant": "performer", "kernel": "relu", "num_features": 16}
+    exact = {**performer, "variant": "exact-eager", "num_features": 0}
+    assert "cs336sys.models.attention" not in S.cell_modules("mha", performer)
+    assert "cs336sys.models.performer" in S.cell_modules("mha", performer)
+    assert "cs336sys.models.attention" in S.cell_modules("mha", exact)
+
+    lm = {"size": "tiny", "context_length": 32, "precision": "fp32", "impl": "eager", "mode": "train"}
+    for study in ("e2e", "warmup", "profile", "memory"):
+        axes = {a: lm.get(a, 0) for a in S.study(study).axes}  # other axes (compile, warmup_steps, …) 0 / off
+        eager, triton = S.cell_modules(study, axes), S.cell_modules(study, {**axes, "impl": "triton"})
+        assert "cs336sys.models.triton_attention" not in eager, study
+        assert "cs336sys.models.triton_attention" in triton, study
+        assert "cs336sys.models.attention" in eager and "cs336sys.models.model" in eager, study
+    for study, axes in (("attention", {"d_model": 16, "seq_len": 64, "activation": "softmax", "impl": "eager", "causal": 1, "precision": "fp32"}),
+                        ("flash", {"seq_len": 64, "head_dim": 16, "precision": "fp32", "impl": "eager", "num_heads": 1})):  # fmt: skip
+        assert "cs336sys.models.triton_attention" not in S.cell_modules(study, axes), study
+        assert "cs336sys.models.triton_attention" in S.cell_modules(study, {**axes, "impl": "triton"}), study
+    # every cell runs the runner and its measurement; no cell hashes the analysis side
+    for study in S.STUDIES:
+        axes = next(iter(S.grid(study, validate_config(load_config(REPO, DEMO), SCHEMA)).values()))
+        modules = S.cell_modules(study, axes)
+        assert "cs336sys.pipeline.cells" in modules and f"cs336sys.studies.{study}.measure" in modules, study
+        assert not [m for m in modules if m.startswith("cs336sys.analysis") or m.endswith(".report")], (study, modules)
+
+
+# The cells whose hashes the edit test compares: name → (study, axes).
+HASH_CELLS = {
+    "mha-performer": ("mha", {"embed_dim": 32, "num_heads": 4, "seq_len": 64, "variant": "performer", "kernel": "relu", "num_features": 16}),
+    "mha-exact": ("mha", {"embed_dim": 32, "num_heads": 4, "seq_len": 64, "variant": "exact-eager", "kernel": "relu", "num_features": 0}),
+    "e2e-eager": ("e2e", {"size": "tiny", "context_length": 32, "precision": "fp32", "impl": "eager"}),
+    "e2e-triton": ("e2e", {"size": "tiny", "context_length": 32, "precision": "fp32", "impl": "triton"}),
+    "warmup-eager": ("warmup", {"size": "tiny", "context_length": 32, "precision": "fp32", "impl": "eager", "warmup_steps": 0}),
+    "attention-eager": ("attention", {"d_model": 16, "seq_len": 64, "activation": "softmax", "impl": "eager", "causal": 1, "precision": "fp32"}),
+    "precision": ("precision", {"part": "accumulation"}),
+}  # fmt: skip
+
+_HASHES = r"""
+import json, sys
+from cs336sys import studies as S
+cells = json.loads(sys.argv[1] if len(sys.argv) > 1 else CELLS)
+out = {}
+for name, (study, axes) in cells.items():
+    axes = {a: axes.get(a, 0) for a in S.study(study).axes}  # axes not named: 0 / off
+    out[name] = S.cell_code_hash(study, axes)
+print(json.dumps(out))
+"""
+
+
+def _hashes(src: Path) -> dict[str, str]:
+    return _last_json(_python(f"CELLS = {json.dumps(json.dumps(HASH_CELLS))}\n" + _HASHES, pythonpath=src))
+
+
+@pytest.fixture(scope="module")
+def src_copy(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("src") / "src"
+    shutil.copytree(SRC, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    return dest
+
+
+@pytest.mark.parametrize(
+    "edited, changed",
+    [
+        ("models/attention.py", {"mha-exact", "e2e-eager", "e2e-triton", "warmup-eager", "attention-eager"}),
+        ("models/triton_attention.py", {"e2e-triton"}),
+        ("models/model.py", {"e2e-eager", "e2e-triton", "warmup-eager"}),  # only the LM studies build the model
+        ("models/performer.py", {"mha-performer", "mha-exact"}),  # the mha layer imports it for every variant
+        ("studies/e2e/measure.py", {"e2e-eager", "e2e-triton", "warmup-eager"}),  # warmup's measurement is e2e's
+        ("measure/flops.py", {"mha-performer", "mha-exact", "e2e-eager", "e2e-triton", "warmup-eager", "attention-eager"}),
+        ("measure/timing.py", set(HASH_CELLS)),  # the runner sets the timing policy: every cell
+        ("pipeline/cells.py", set(HASH_CELLS)),  # the runner: every cell
+        ("studies/mha/report.py", set()),  # figures and findings never rerun a measurement
+        ("analysis/report.py", set()),
+    ],
+)
+def test_an_edit_to_a_module_changes_exactly_the_hashes_of_the_cells_that_run_it(src_copy, edited, changed):
+    path = src_copy / "cs336sys" / edited
+    original = path.read_text()
+    before = _hashes(src_copy)
+    try:
+        path.write_text(original + "\n# edited by tests/test_layers.py\n")
+        after = _hashes(src_copy)
+    finally:
+        path.write_text(original)
+    assert {name for name in HASH_CELLS if before[name] != after[name]} == changed
+    assert _hashes(src_copy) == before  # content, not mtimes: restoring the file restores every hash
+
+
+def test_hashes_do_not_depend_on_where_the_checkout_lives(src_copy):
+    assert _hashes(src_copy) == _hashes(SRC)
+
+
+# ---------------------------------------------------------------- 3. small modules
+
+
+def test_no_module_is_over_400_lines():
+    long = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES and rel not in LONG_MODULES:
+            long[rel] = lines
+    assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
+    for rel in LONG_MODULES:
+        assert (PACKAGE / rel).is_file(), f"{rel} is listed as allowed to be long but does not exist"
+
+
+# ---------------------------------------------------------------- 4. the study registry
+
+
+def test_every_study_package_is_registered_with_its_schema_section():
+    schema = load_schema(SCHEMA)
+    enum = schema["properties"]["studies"]["items"]["enum"]
+    packages = sorted(m.name for m in pkgutil.iter_modules([str(PACKAGE / "studies")]) if m.ispkg)
+    assert sorted(enum) == packages == sorted(S.STUDIES), "schema studies, study packages and the registry differ"
+    for name in enum:
+        spec = S.study(name)
+        assert spec.name == name
+        grid = schema["properties"][name]["properties"]["grid"]["properties"]
+        assert len(set(spec.axes)) == len(spec.axes), f"{name}: repeated axis"
+        assert set(spec.axes) == set(grid), f"{name}: STUDY.axes {spec.axes} vs schema grid keys {list(grid)}"
+        settings = set(schema["properties"][name]["properties"]) - {"grid"}
+        assert not set(spec.axes) & settings, f"{name}: an axis is also a setting"
+        assert set(spec.cell_keys) <= settings, f"{name}: cell_keys not in the schema"
+        for module in spec.optional_modules:
+            assert importlib.util.find_spec(module) is not None, f"{name}: optional module {module} does not exist"
+        for part in ("measure", "report"):
+            assert (PACKAGE / "studies" / name / f"{part}.py").is_file(), f"studies/{name}/{part}.py is missing"
+        measure = importlib.import_module(f"cs336sys.studies.{name}.measure")
+        assert callable(measure.measure), f"cs336sys.studies.{name}.measure has no measure()"
+        report = S.report_module(name)
+        assert callable(report.figures) and callable(report.findings), f"{name}.report lacks figures/findings"
+    with pytest.raises(ValueError, match="unknown study"):
+        S.study("nonsense")
+
+
+def _section(study: str, **grid) -> dict:
+    """A validated section of ``study``: the schema's defaults with ``grid`` axes replaced."""
+    config = {"run": "t", "device": "cpu", "studies": [study], study: {"grid": grid}}
+    return validate_config(config, SCHEMA)[study]
+
+
+def test_cell_ids_follow_the_axes_with_booleans_as_integers():
+    axes = {"d_model": 16, "seq_len": 64, "activation": "relu", "impl": "eager", "causal": True, "precision": "fp32"}
+    assert S.cell_id("attention", axes) == "d_model=16_seq_len=64_activation=relu_impl=eager_causal=1_precision=fp32"
+    cells = S.cells("attention", _section("attention", d_model=[16], seq_len=[64], activation=["relu"], impl=["eager"],
+                                          causal=[True, False], precision=["fp32"]))  # fmt: skip
+    assert [c["causal"] for c in cells] == [1, 0]
+    assert S.grid("attention", {"attention": _section("attention", causal=[False])})  # the other axes take defaults
+
+
+def test_cells_drop_sdpa_with_relu():
+    section = _section("attention", d_model=[16], seq_len=[64], activation=["softmax", "relu"], impl=["eager", "sdpa"],
+                       causal=[True], precision=["fp32"])  # fmt: skip
+    cells = S.cells("attention", section)
+    assert sorted((c["impl"], c["activation"]) for c in cells) == [("eager", "relu"), ("eager", "softmax"), ("sdpa", "softmax")]
+    assert not S.cells("attention", {**section, "grid": {**section["grid"], "impl": ["sdpa"], "activation": ["relu"]}})
+
+
+def test_mha_cells_drop_indivisible_heads_and_exact_cells_carry_no_features_once():
+    section = _section("mha", embed_dim=[30, 32], num_heads=[4], seq_len=[64], variant=["exact-eager", "exact-sdpa", "performer"],
+                       kernel=["softmax", "relu"], num_features=[16, 32])  # fmt: skip
+    cells = S.cells("mha", section)
+    assert {c["embed_dim"] for c in cells} == {32}  # 30 is not divisible by 4 heads
+    exact = [c for c in cells if c["variant"] != "performer"]
+    assert sorted((c["variant"], c["kernel"]) for c in exact) == [("exact-eager", "relu"), ("exact-eager", "softmax"), ("exact-sdpa", "softmax")]
+    assert all(c["num_features"] == 0 for c in exact)  # not one cell per m
+    performer = [c for c in cells if c["variant"] == "performer"]
+    assert sorted((c["kernel"], c["num_features"]) for c in performer) == [("relu", 16), ("relu", 32), ("softmax", 16), ("softmax", 32)]
+    ids = [S.cell_id("mha", c) for c in cells]
+    assert len(ids) == len(set(ids)) == 7
+    assert not S.cells("mha", {**section, "grid": {**section["grid"], "embed_dim": [30]}})
+
+
+def test_flash_leaderboard_cells_appear_once():
+    grid = dict(seq_len=[64], head_dim=[16], precision=["fp32"], impl=["eager", "sdpa-flash"], num_heads=[1])
+    plain = S.cells("flash", {**_section("flash", **grid), "leaderboard": None})
+    assert len(plain) == 2
+    inside = {"seq_len": 64, "head_dim": 16, "num_heads": 1, "precision": "fp32"}  # a point of the grid already
+    assert S.cells("flash", {**_section("flash", **grid), "leaderboard": inside}) == plain
+    outside = {"seq_len": 128, "head_dim": 16, "num_heads": 4, "precision": "fp32"}
+    cells = S.cells("flash", {**_section("flash", **grid), "leaderboard": outside})
+    assert cells[:2] == plain and len(cells) == 4
+    assert {(c["impl"], c["seq_len"], c["num_heads"]) for c in cells[2:]} == {("eager", 128, 4), ("sdpa-flash", 128, 4)}
+    ids = [S.cell_id("flash", c) for c in cells]
+    assert len(ids) == len(set(ids))
+    # the leaderboard shapes cells; it is not a setting of the measurement
+    kwargs = S.measure_kwargs("flash", cells[-1], {"flash": {**_section("flash", **grid), "leaderboard": outside}})
+    assert "leaderboard" not in kwargs and kwargs["seq_len"] == 128
+
+
+def test_every_study_section_of_the_presets_makes_cells():
+    for preset in [None, *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "config").glob("*.yaml"))]:
+        config = validate_config(load_config(REPO, *([preset] if preset else [])), SCHEMA)
+        for study in config["studies"]:
+            cells = S.cells(study, config[study])
+            assert cells, f"{preset or 'config.yaml'}: {study} has no cell"
+            assert len({S.cell_id(study, c) for c in cells}) == len(cells)
+            for axes in cells:
+                kwargs = S.measure_kwargs(study, axes, config)
+                assert {k: kwargs[k] for k in axes} == axes  # the cell's axes reach the measurement as they are
+                assert not set(kwargs) & set(S.JOB_KEYS), (study, sorted(kwargs))

@@ -1,0 +1,125 @@
+"""Result tables: merging cell CSVs, and committed runs with the old column names still loading."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+
+import pandas as pd
+import pytest
+from workflow_helpers import DEMO, REPO, load_config
+
+from cs336sys import studies as S
+from cs336sys.analysis.tables import ALIASES, failures, load_study, merge_cells, of_kind, ok_rows, upgrade
+from cs336sys.pipeline.config import validate_config
+from cs336sys.pipeline.rows import HEAD_COLUMNS, write_csv_atomic
+
+
+def _committed_csvs() -> list[str]:
+    try:
+        out = subprocess.run(["git", "ls-files", "results/*.csv", "results/*/*.csv"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        files = out.stdout.split() if out.returncode == 0 else []
+    except OSError:
+        files = []
+    return sorted(files) or sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("results/h*/*.csv"))
+
+
+@pytest.fixture(scope="module")
+def demo_config():
+    return validate_config(load_config(REPO, DEMO))
+
+
+def _old_frame(study: str, axes: dict) -> pd.DataFrame:
+    """One row as a run from before the axes' renaming wrote it: old column names, old cell id."""
+    old = {new: old for old, new in ALIASES[study].items()}
+    row = {"study": study, "cell_id": "old-style-id", "status": "ok", "error": ""}
+    row.update({old.get(axis, axis): value for axis, value in axes.items()})
+    row.update(mode="train", phase="step", median_ms=2.0)
+    return pd.DataFrame([row])
+
+
+@pytest.mark.parametrize("study", sorted(ALIASES))
+def test_upgrade_renames_old_axis_columns_and_rebuilds_cell_ids(demo_config, study):
+    axes = S.cells(study, demo_config[study])[0]
+    old = _old_frame(study, axes)
+    if study == "memory":
+        old = old.drop(columns=["attn"])  # not a column then (a section setting): every committed run was eager
+    if study == "e2e":
+        old = old.drop(columns=[a for a in ("cuda_graphs",) if a in old])  # axes added since
+    assert set(ALIASES[study]) & set(old.columns), "the old frame should carry old names"
+    new = upgrade(old, study)
+    assert set(S.study(study).axes) <= set(new.columns)
+    assert not set(ALIASES[study]) & set(new.columns), f"old names left: {set(ALIASES[study]) & set(new.columns)}"
+    assert new["cell_id"].tolist() == [S.cell_id(study, {a: new[a].iloc[0] for a in S.study(study).axes})]
+    for axis, value in axes.items():
+        assert new[axis].iloc[0] == value, axis
+    assert list(new.columns[: len(HEAD_COLUMNS)]) == HEAD_COLUMNS
+    assert new["median_ms"].iloc[0] == 2.0
+
+
+def test_upgrade_prefers_the_old_axis_over_a_setting_of_the_same_new_name():
+    # flash runs wrote the axis `heads` and the setting `num_heads` side by side
+    axes = {"seq_len": 64, "head_dim": 16, "precision": "fp32", "impl": "eager", "num_heads": 4}
+    old = _old_frame("flash", axes).assign(num_heads=1)
+    new = upgrade(old, "flash")
+    assert list(new.columns).count("num_heads") == 1 and new["num_heads"].iloc[0] == 4
+    assert new["cell_id"].iloc[0] == S.cell_id("flash", axes)
+
+
+def test_upgrade_is_a_no_op_on_current_frames(demo_config):
+    for study in S.STUDIES:
+        axes = S.cells(study, demo_config[study])[0]
+        current = pd.DataFrame([{"study": study, "cell_id": S.cell_id(study, axes), "status": "ok", "error": "", **axes}])
+        assert upgrade(current, study) is current
+
+
+@pytest.mark.parametrize("path", _committed_csvs())
+def test_committed_runs_load_with_the_current_axes_and_cell_ids(path):
+    df = load_study(REPO / path)
+    study = str(df["study"].iloc[0])
+    axes = S.study(study).axes
+    assert set(axes) <= set(df.columns), f"{path}: missing axes {set(axes) - set(df.columns)}"
+    assert not set(ALIASES.get(study, {})) & set(df.columns), f"{path}: old column names left"
+    expected = [S.cell_id(study, dict(zip(axes, values))) for values in df[list(axes)].itertuples(index=False)]
+    assert df["cell_id"].tolist() == expected
+    assert not df["error"].isna().any()  # read as text, empty for ok rows
+    assert (df.loc[df["status"] != "ok", "error"] != "").all(), f"{path}: a failure row without its error"
+    findings = S.report_module(study).findings(df)
+    assert isinstance(findings, str) and findings.strip(), f"{path}: no findings"
+    assert isinstance(S.report_module(study).figures(df, "test"), list)
+
+
+def test_the_committed_runs_cover_every_study_but_none_is_the_cpu_demo():
+    files = _committed_csvs()
+    assert files and not [f for f in files if "/cpu-demo/" in f]
+    studies = {str(pd.read_csv(REPO / f, usecols=["study"], nrows=1)["study"].iloc[0]) for f in files}
+    assert studies == set(S.STUDIES)
+
+
+def test_merge_cells_keeps_every_status_orders_columns_and_adds_metrics(tmp_path):
+    base = {"study": "attention", "d_model": 16, "seq_len": 64, "activation": "softmax", "impl": "eager", "causal": 1,
+            "precision": "fp32", "device": "cpu", "device_name": "cpu (x86_64)", "host": "h"}  # fmt: skip
+    ok = dict(base, cell_id=S.cell_id("attention", {**base}), status="ok", error="", mode="train", phase="step",
+              median_ms=2.0, flops=4e9)  # fmt: skip
+    oom_axes = {**base, "seq_len": 128}
+    oom = dict(oom_axes, cell_id=S.cell_id("attention", oom_axes), status="oom", error="CUDA out of memory", mode="train")
+    paths = []
+    for i, row in enumerate([ok, oom]):
+        paths.append(tmp_path / f"cell{i}.csv")
+        write_csv_atomic(pd.DataFrame([row]), paths[-1])
+    (tmp_path / "empty.csv").write_text("study,cell_id,status,error\n")
+    merged = merge_cells([*paths, tmp_path / "empty.csv"], "attention")
+    assert merged["status"].tolist() == ["ok", "oom"]
+    cols = list(merged.columns)
+    assert cols[:4] == HEAD_COLUMNS
+    assert cols[4:10] == list(S.study("attention").axes)
+    assert cols.index("mode") == 10
+    assert merged["tflops"].iloc[0] == pytest.approx(2.0)  # 4e9 FLOP in 2 ms
+    assert math.isnan(merged["tflops"].iloc[1])
+    empty = merge_cells([], "attention")
+    assert empty.empty and list(empty.columns) == HEAD_COLUMNS
+
+    assert failures(merged)[["cell_id", "status"]].values.tolist() == [[oom["cell_id"], "oom"]]
+    assert ok_rows(merged, mode="train")["cell_id"].tolist() == [ok["cell_id"]]
+    assert ok_rows(merged, no_such_column=1).empty
+    assert of_kind(merged, "kernel").empty  # no `kind` column: no typed rows
