@@ -105,7 +105,11 @@ def test_exact_cores_match_float64_reference(impl, activation, ref, seed, causal
 
 def test_cores_accept_3d_batch_first_inputs_as_the_attention_study_feeds_them():
     # study `attention` passes (batch, L, d) with no head dimension
-    for fn, ref in ((softmax_attention, ref_softmax_attention), (relu_attention, ref_relu_attention), (sdpa_attention, ref_softmax_attention)):
+    for fn, ref in (
+        (softmax_attention, ref_softmax_attention),
+        (relu_attention, ref_relu_attention),
+        (sdpa_attention, ref_softmax_attention),
+    ):
         check_forward_and_grads(lambda q, k, v: fn(q, k, v, is_causal=True), lambda q, k, v: ref(q, k, v, True), (4, 10, 16), seed=5)
 
 
@@ -236,7 +240,13 @@ def test_performer_error_to_exact_softmax_attention_shrinks_with_more_features()
 
 @pytest.mark.parametrize(
     "variant,kernel,m",
-    [("exact-eager", "softmax", None), ("exact-eager", "relu", None), ("exact-sdpa", "softmax", None), ("performer", "relu", 16), ("performer", "softmax", 16)],
+    [
+        ("exact-eager", "softmax", None),
+        ("exact-eager", "relu", None),
+        ("exact-sdpa", "softmax", None),
+        ("performer", "relu", 16),
+        ("performer", "softmax", 16),
+    ],
 )
 def test_mha_variants_run_forward_and_backward(variant, kernel, m):
     torch.manual_seed(0)

@@ -93,7 +93,17 @@ def quiet_faulthandler(request):
 
 
 # what every row carries wherever it ran; ENV_COLUMNS adds GPU/host state where there is one
-BASE_ENV = ["device", "device_name", "driver_version", "torch_version", "cuda_version", "python_version", "git_commit", "host", "started_at"]
+BASE_ENV = [
+    "device",
+    "device_name",
+    "driver_version",
+    "torch_version",
+    "cuda_version",
+    "python_version",
+    "git_commit",
+    "host",
+    "started_at",
+]
 
 
 def test_base_environment_is_what_the_measuring_process_reports():
@@ -237,8 +247,8 @@ def test_rows_to_frame_orders_head_axes_where_measurements_environment():
     assert cols[6] == "mode"
     env = [c for c in ENV_COLUMNS if c in cols]
     assert set(BASE_ENV) <= set(env)
-    assert cols[-len(env):] == env
-    assert set(cols[7:-len(env)]) == {"i", "tag", "device_seen", "small_sum"}
+    assert cols[-len(env) :] == env
+    assert set(cols[7 : -len(env)]) == {"i", "tag", "device_seen", "small_sum"}
     assert order_columns(["b", "status", "a", "host", "phase"], axes=["a"]) == ["status", "a", "phase", "b", "host"]
 
 

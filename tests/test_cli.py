@@ -157,7 +157,9 @@ def test_tiny_e2e_run_via_python_dash_m(tmp_path, tiny_config):
     phases = {(r[1], r[2]) for r in body}
     assert len(body) == len(phases) == 6
     assert {("inference", "forward"), ("inference", "step"), ("train", "forward"), ("train", "backward"), ("train", "step")} < phases
-    assert [p for m, p in phases - {("train", "forward"), ("train", "backward"), ("train", "step")} if m == "train"][0].startswith("optimizer")
+    assert [p for m, p in phases - {("train", "forward"), ("train", "backward"), ("train", "step")} if m == "train"][0].startswith(
+        "optimizer"
+    )
     assert all(r[0] == "ok" for r in body)
 
     assert (frame["status"] == "ok").all()
@@ -176,9 +178,26 @@ def test_cli_measures_on_the_gpu_with_device_auto(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src") + os.pathsep + env.get("PYTHONPATH", "")  # no install needed
     proc = subprocess.run(
-        [sys.executable, "-m", "cs336sys", "attention", "--d-model", "32", "--seq-len", "256",
-         "--measure-steps", "3", "--warmup-steps", "1", "--csv", str(out)],
-        capture_output=True, text=True, timeout=300, env=env,
+        [
+            sys.executable,
+            "-m",
+            "cs336sys",
+            "attention",
+            "--d-model",
+            "32",
+            "--seq-len",
+            "256",
+            "--measure-steps",
+            "3",
+            "--warmup-steps",
+            "1",
+            "--csv",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = pd.read_csv(out)

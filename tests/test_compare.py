@@ -59,10 +59,14 @@ def runs(tmp_path):
     b_rows = cells(ENV_B, {"slow": 1.1, "fast": 0.9, "new": 1.0}) + cells(ENV_B, {"steady": 1.01}, rel=0.03, noisy=True)
     b_rows += [row("big", "inference", "forward", 10.0, 0.01, ENV_B), row("big", "train", None, 0, 0, ENV_B, status="oom")]
     # a profile study: only its timing rows are compared, the kernel rows are not
-    prof_a = [row("p", "train", "step", 5.0, 0.01, ENV_A, study="profile", kind="timing"),
-              row("p", "train", "step", 1.0, 0.5, ENV_A, study="profile", kind="kernel")]
-    prof_b = [row("p", "train", "step", 5.0, 0.01, ENV_B, study="profile", kind="timing"),
-              row("p", "train", "step", 9.0, 0.5, ENV_B, study="profile", kind="kernel")]
+    prof_a = [
+        row("p", "train", "step", 5.0, 0.01, ENV_A, study="profile", kind="timing"),
+        row("p", "train", "step", 1.0, 0.5, ENV_A, study="profile", kind="kernel"),
+    ]
+    prof_b = [
+        row("p", "train", "step", 5.0, 0.01, ENV_B, study="profile", kind="timing"),
+        row("p", "train", "step", 9.0, 0.5, ENV_B, study="profile", kind="kernel"),
+    ]
     a = write_run(tmp_path / "h100", a_rows, config={"e2e": {"batch_size": 4, "warmup": 5}, "out": "results"})
     b = write_run(tmp_path / "h200", b_rows, config={"e2e": {"batch_size": 8, "warmup": 5}, "out": "results"})
     write_run(a, prof_a, study="profile")

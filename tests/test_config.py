@@ -8,11 +8,11 @@ import re
 import jsonschema
 import pytest
 import yaml
-from workflow_helpers import DEMO, REPO, copy_repo, load_config, snakemake, write_yaml
 
 from cs336sys import studies as S
 from cs336sys.models.sizes import known_sizes
 from cs336sys.pipeline.config import ConfigError, load_schema, validate_config
+from workflow_helpers import DEMO, REPO, copy_repo, load_config, snakemake, write_yaml
 
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 PRESETS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "config").glob("*.yaml"))

@@ -29,8 +29,21 @@ def _attention_rows():
         for seq in (1024, 4096, 16384, 32768):
             cell = f"seq_len={seq}_impl={impl}"
             if impl == "eager" and seq == 32768:
-                rows.append(dict(cell_id=cell, seq_len=seq, impl=impl, activation="softmax", d_model=64, causal=1, precision="fp32",
-                                 mode="train", phase=None, status="oom", error="CUDA out of memory"))
+                rows.append(
+                    dict(
+                        cell_id=cell,
+                        seq_len=seq,
+                        impl=impl,
+                        activation="softmax",
+                        d_model=64,
+                        causal=1,
+                        precision="fp32",
+                        mode="train",
+                        phase=None,
+                        status="oom",
+                        error="CUDA out of memory",
+                    )
+                )
                 continue
             lxl = 8 * seq * seq * 4
             for phase, ms in (("forward", seq**2 * 1e-7), ("backward", 2 * seq**2 * 1e-7), ("step", 3 * seq**2 * 1e-7)):

@@ -26,6 +26,7 @@ def fake_nvml(*, event_reasons=None, throttle_reasons=0x4, fail=(), init_error=N
             if name in fail:
                 raise FakeNVMLError(f"{name} Not Supported")
             return value(*args) if callable(value) else value
+
         return fn
 
     def init():
@@ -34,7 +35,9 @@ def fake_nvml(*, event_reasons=None, throttle_reasons=0x4, fail=(), init_error=N
 
     nvml.nvmlInit = init
     nvml.nvmlShutdown = call("shutdown", None)
-    nvml.nvmlDeviceGetHandleByIndex = call("handle", lambda i: ("handle", i) if i == 2 else (_ for _ in ()).throw(FakeNVMLError("Invalid Argument")))
+    nvml.nvmlDeviceGetHandleByIndex = call(
+        "handle", lambda i: ("handle", i) if i == 2 else (_ for _ in ()).throw(FakeNVMLError("Invalid Argument"))
+    )
     nvml.nvmlDeviceGetUUID = call("uuid", "GPU-1234")
     nvml.nvmlDeviceGetClockInfo = call("clock", lambda h, kind: {1: 1200, 2: 2619}[kind])
     nvml.nvmlDeviceGetMaxClockInfo = call("maxclock", lambda h, kind: 1980)
@@ -82,9 +85,17 @@ def test_fake_nvml_fills_the_columns(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.setenv("CS336SYS_GPU_INDEX", "2")
     state = gs.gpu_state()
-    assert state == {"gpu_index": 2, "gpu_uuid": "GPU-1234", "sm_clock_mhz": 1200, "mem_clock_mhz": 2619,
-                     "max_sm_clock_mhz": 1980, "temperature_c": 71, "power_w": 612.3,
-                     "throttle_reasons": "gpu_idle;sw_thermal", "gpu_state_note": ""}
+    assert state == {
+        "gpu_index": 2,
+        "gpu_uuid": "GPU-1234",
+        "sm_clock_mhz": 1200,
+        "mem_clock_mhz": 2619,
+        "max_sm_clock_mhz": 1980,
+        "temperature_c": 71,
+        "power_w": 612.3,
+        "throttle_reasons": "gpu_idle;sw_thermal",
+        "gpu_state_note": "",
+    }
     assert "throttle" not in nvml.calls  # the new name is used when it exists
     assert nvml.calls[-1] == "shutdown"
 
@@ -111,14 +122,17 @@ def test_bad_index_is_a_note_not_an_error(monkeypatch):
     assert "CS336SYS_GPU_INDEX" in gs.gpu_state()["gpu_state_note"]
 
 
-@pytest.mark.parametrize("mask, names", [
-    (0, ["none"]),
-    (0x1, ["gpu_idle"]),
-    (0x2, ["applications_clocks_setting"]),
-    (0x4 | 0x8, ["sw_power_cap", "hw_slowdown"]),
-    (0x10 | 0x20 | 0x40 | 0x80 | 0x100, ["sync_boost", "sw_thermal", "hw_thermal", "hw_power_brake", "display_clocks"]),
-    (0x1 | 0x400, ["gpu_idle", "bit_0x400"]),
-])
+@pytest.mark.parametrize(
+    "mask, names",
+    [
+        (0, ["none"]),
+        (0x1, ["gpu_idle"]),
+        (0x2, ["applications_clocks_setting"]),
+        (0x4 | 0x8, ["sw_power_cap", "hw_slowdown"]),
+        (0x10 | 0x20 | 0x40 | 0x80 | 0x100, ["sync_boost", "sw_thermal", "hw_thermal", "hw_power_brake", "display_clocks"]),
+        (0x1 | 0x400, ["gpu_idle", "bit_0x400"]),
+    ],
+)
 def test_decode_throttle_reasons(mask, names):
     assert gs.decode_throttle_reasons(mask) == names
 
@@ -131,22 +145,39 @@ def test_host_state():
 
 
 def test_state_columns():
-    assert gs.state_columns("start_", {"sm_clock_mhz": 1980, "power_w": 700.0}) == {
-        "start_sm_clock_mhz": 1980, "start_power_w": 700.0}
+    assert gs.state_columns("start_", {"sm_clock_mhz": 1980, "power_w": 700.0}) == {"start_sm_clock_mhz": 1980, "start_power_w": 700.0}
 
 
-@pytest.mark.parametrize("reasons, expected", [
-    ("", False), ("none", False), ("gpu_idle", False), ("applications_clocks_setting;gpu_idle", False),
-    ("sw_power_cap", True), ("gpu_idle;hw_thermal", True), ("bit_0x400", True), ("gpu_idle; sw_thermal", True),
-])
+@pytest.mark.parametrize(
+    "reasons, expected",
+    [
+        ("", False),
+        ("none", False),
+        ("gpu_idle", False),
+        ("applications_clocks_setting;gpu_idle", False),
+        ("sw_power_cap", True),
+        ("gpu_idle;hw_thermal", True),
+        ("bit_0x400", True),
+        ("gpu_idle; sw_thermal", True),
+    ],
+)
 def test_throttled(reasons, expected):
     assert gs.throttled(reasons) is expected
 
 
-@pytest.mark.parametrize("sm, top, expected", [
-    (1980, 1980, False), (1800, 1980, False), (1700, 1980, True), (100, 1980, True),
-    ("", 1980, False), (1500, "", False), (None, None, False), (1500, 0, False),
-])
+@pytest.mark.parametrize(
+    "sm, top, expected",
+    [
+        (1980, 1980, False),
+        (1800, 1980, False),
+        (1700, 1980, True),
+        (100, 1980, True),
+        ("", 1980, False),
+        (1500, "", False),
+        (None, None, False),
+        (1500, 0, False),
+    ],
+)
 def test_below_clocks(sm, top, expected):
     assert gs.below_clocks(sm, top) is expected
     assert gs.below_clocks(1800, 1980, frac=0.95) is True

@@ -40,8 +40,10 @@ def _env(tmp_path, fake):
 
 def _run_holders(tmp_path, fake, n, hold=0.5):
     go = tmp_path / "go"
-    procs = [subprocess.Popen([sys.executable, "-c", HOLDER, str(go), str(tmp_path / f"out{i}.json"), str(hold)],
-                              env=_env(tmp_path, fake)) for i in range(n)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", HOLDER, str(go), str(tmp_path / f"out{i}.json"), str(hold)], env=_env(tmp_path, fake))
+        for i in range(n)
+    ]
     time.sleep(1.0)  # let every interpreter start and reach the go loop
     go.touch()
     for p in procs:
@@ -92,8 +94,10 @@ def test_three_processes_two_gpus(tmp_path):
 
 def _start_holder_forever(tmp_path):
     ready = tmp_path / "held"
-    code = ("import sys, time, pathlib\nfrom cs336sys.pipeline.gpulock import acquire_gpu\n"
-            "with acquire_gpu():\n    pathlib.Path(sys.argv[1]).touch()\n    time.sleep(60)\n")
+    code = (
+        "import sys, time, pathlib\nfrom cs336sys.pipeline.gpulock import acquire_gpu\n"
+        "with acquire_gpu():\n    pathlib.Path(sys.argv[1]).touch()\n    time.sleep(60)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(ready)], env=_env(tmp_path, "fake-0"))
     deadline = time.monotonic() + 20
     while not ready.exists():
@@ -170,8 +174,7 @@ def test_cuda_visible_devices_selection():
 
 def test_pin_environment_and_columns(tmp_path):
     fake = GpuLease(1, "fake-1", 0.25, tmp_path / "fake-1.lock")
-    assert gpulock.pin_environment(fake) == {
-        "CUDA_VISIBLE_DEVICES": "1", "CS336SYS_GPU_INDEX": "1", "CS336SYS_GPU_UUID": "fake-1"}
+    assert gpulock.pin_environment(fake) == {"CUDA_VISIBLE_DEVICES": "1", "CS336SYS_GPU_INDEX": "1", "CS336SYS_GPU_UUID": "fake-1"}
     real = GpuLease(3, "GPU-0b5c1e7a-1234", 0.0, tmp_path / "x.lock")
     env = gpulock.pin_environment(real)
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-0b5c1e7a-1234"

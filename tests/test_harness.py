@@ -195,7 +195,10 @@ def test_attention_core_flops():
     assert attention_core_flops(8, 1, 256, 64, causal=True) == 2 * 8 * 256 * 256 * 64
 
 
-@pytest.mark.parametrize("variant,kernel,m", [("exact-eager", "softmax", None), ("exact-sdpa", "softmax", None), ("performer", "softmax", 8), ("performer", "relu", 8)])
+@pytest.mark.parametrize(
+    "variant,kernel,m",
+    [("exact-eager", "softmax", None), ("exact-sdpa", "softmax", None), ("performer", "softmax", 8), ("performer", "relu", 8)],
+)
 def test_mha_forward_flops_hand_count_and_flop_counter(variant, kernel, m):
     B, L, E, h = 2, 10, 16, 4
     projections = 4 * 2 * B * L * E * E
@@ -317,11 +320,21 @@ def test_measure_mha_rows():
     ctx = {}
     rows = list(measure_mha(CPU, ctx, embed_dim=16, num_heads=4, seq_len=12, variant="performer", kernel="relu",
                             num_features=8, warmup_steps=1, measure_steps=2))  # fmt: skip
-    assert {(r["mode"], r["phase"]) for r in rows} == {("inference", "forward"), ("inference", STEP), ("train", "forward"), ("train", "backward"), ("train", STEP)}
+    assert {(r["mode"], r["phase"]) for r in rows} == {
+        ("inference", "forward"),
+        ("inference", STEP),
+        ("train", "forward"),
+        ("train", "backward"),
+        ("train", STEP),
+    }
     fwd = mha_forward_flops(1, 12, 16, 4, "performer", 8)
     for r in rows:
         assert r["n"] == 2
-        expected = {"forward": fwd, "backward": BACKWARD_FACTOR * fwd, STEP: fwd if r["mode"] == "inference" else (1 + BACKWARD_FACTOR) * fwd}
+        expected = {
+            "forward": fwd,
+            "backward": BACKWARD_FACTOR * fwd,
+            STEP: fwd if r["mode"] == "inference" else (1 + BACKWARD_FACTOR) * fwd,
+        }
         assert r["flops"] == expected[r["phase"]]
     assert ctx["mode"] == "train"
 
@@ -338,7 +351,14 @@ def test_measure_e2e_rows():
     optimizer = [p for m, p in phases if m == "train" and p not in ("forward", "backward", STEP)]
     assert len(optimizer) == 1 and optimizer[0].startswith("optimizer")  # the optimizer step's phase
     optimizer = optimizer[0]
-    assert set(phases) == {("inference", "forward"), ("inference", STEP), ("train", "forward"), ("train", "backward"), ("train", optimizer), ("train", STEP)}
+    assert set(phases) == {
+        ("inference", "forward"),
+        ("inference", STEP),
+        ("train", "forward"),
+        ("train", "backward"),
+        ("train", optimizer),
+        ("train", STEP),
+    }
     spec = ModelSize(32, 64, 1, 2)
     fwd = lm_forward_flops(spec, 2, 8, 100)
     for r in rows:

@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from workflow_helpers import DEMO, REPO, load_config
 
 from cs336sys import studies as S
 from cs336sys.pipeline.config import load_schema, validate_config
+from workflow_helpers import DEMO, REPO, load_config
 
 SRC = REPO / "src"
 PACKAGE = SRC / "cs336sys"
@@ -332,7 +332,11 @@ def test_mha_cells_drop_indivisible_heads_and_exact_cells_carry_no_features_once
     cells = S.cells("mha", section)
     assert {c["embed_dim"] for c in cells} == {32}  # 30 is not divisible by 4 heads
     exact = [c for c in cells if c["variant"] != "performer"]
-    assert sorted((c["variant"], c["kernel"]) for c in exact) == [("exact-eager", "relu"), ("exact-eager", "softmax"), ("exact-sdpa", "softmax")]
+    assert sorted((c["variant"], c["kernel"]) for c in exact) == [
+        ("exact-eager", "relu"),
+        ("exact-eager", "softmax"),
+        ("exact-sdpa", "softmax"),
+    ]
     assert all(c["num_features"] == 0 for c in exact)  # not one cell per m
     performer = [c for c in cells if c["variant"] == "performer"]
     assert sorted((c["kernel"], c["num_features"]) for c in performer) == [("relu", 16), ("relu", 32), ("softmax", 16), ("softmax", 32)]

@@ -31,7 +31,10 @@ def synthetic_snapshot() -> dict:
     # 0x1200 is allocated during the trace and still live, so its block must not
     # count twice. Device 1 exists only to check that it is ignored.
     seg0 = {
-        "device": 0, "address": 0x1000, "total_size": 4096, "stream": 0,
+        "device": 0,
+        "address": 0x1000,
+        "total_size": 4096,
+        "stream": 0,
         "blocks": [
             {"address": 0x1000, "size": 512, "requested_size": 500, "state": "active_allocated", "frames": []},
             {"address": 0x1200, "size": 512, "requested_size": 512, "state": "active_allocated", "frames": STACK},
@@ -39,7 +42,10 @@ def synthetic_snapshot() -> dict:
         ],
     }
     seg1 = {
-        "device": 1, "address": 0x9000, "total_size": 1024, "stream": 0,
+        "device": 1,
+        "address": 0x9000,
+        "total_size": 1024,
+        "stream": 0,
         "blocks": [{"address": 0x9000, "size": 1024, "requested_size": 1024, "state": "active_allocated", "frames": []}],
     }
 

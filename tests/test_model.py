@@ -160,8 +160,10 @@ def test_rope_matches_reference_and_depends_on_relative_position_only():
     # rotation keeps norms; <R_m q, R_n k> depends on m - n only
     torch.testing.assert_close(got.norm(dim=-1), x.norm(dim=-1), rtol=1e-5, atol=1e-5)
     q, k = torch.randn(8, generator=g), torch.randn(8, generator=g)
+
     def dot(m, n):
         return (rope(q[None], torch.tensor([m])) * rope(k[None], torch.tensor([n]))).sum()
+
     torch.testing.assert_close(dot(7, 3), dot(24, 20), rtol=1e-5, atol=1e-5)
     assert abs(dot(7, 3) - dot(7, 4)) > 1e-4
 

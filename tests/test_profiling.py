@@ -4,10 +4,9 @@ import gzip
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
-
-import pandas as pd
 
 from cs336sys.measure.profiling import (
     MATMUL_PATTERN,

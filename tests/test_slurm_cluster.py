@@ -99,8 +99,7 @@ def _snakemake(workdir: Path, *args: str) -> tuple[int, str]:
     cmd = [sys.executable, "-m", "snakemake", *args]
     logfile = workdir / "snakemake-test.log"
     with open(logfile, "w") as out:
-        p = subprocess.Popen(cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True)
+        p = subprocess.Popen(cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             rc = p.wait(timeout=TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -152,14 +151,19 @@ def test_cpu_demo_on_slurm_matches_local_run(slurm_cluster, tmp_path):
     assert rc == 0, f"the workflow does not even dry-run:\n{_tail(dry)}"
 
     slurm_args = [
-        "--profile", "profiles/slurm",
+        "--profile",
+        "profiles/slurm",
         # profiles/default (auto-loaded workflow profile) would impose `resources: gpu=1`
-        "--workflow-profile", "none",
-        "--configfile", PRESET,
+        "--workflow-profile",
+        "none",
+        "--configfile",
+        PRESET,
         *SUBSET,
         # CI speed: first status check after 5 s (profile: 20 s); outputs are on a local disk
-        "--slurm-init-seconds-before-status-checks", "5",
-        "--latency-wait", "5",
+        "--slurm-init-seconds-before-status-checks",
+        "5",
+        "--latency-wait",
+        "5",
     ]
     if not ACCOUNTING:
         slurm_args += ["--slurm-status-command", "squeue"]
@@ -197,8 +201,10 @@ def test_cpu_demo_on_slurm_matches_local_run(slurm_cluster, tmp_path):
 
     # and SLURM itself knows them, as completed jobs that got one (fake) GPU each
     if ACCOUNTING:
-        q = _sh(["sacct", "-X", "-n", "--parsable2", "-S", "now-1days", "--format=JobIDRaw,State,AllocTRES",
-                 "-j", ",".join(sorted(job_ids))], timeout=60)
+        q = _sh(
+            ["sacct", "-X", "-n", "--parsable2", "-S", "now-1days", "--format=JobIDRaw,State,AllocTRES", "-j", ",".join(sorted(job_ids))],
+            timeout=60,
+        )
         assert q.returncode == 0, q.stderr
         seen = {row.split("|")[0]: row.split("|") for row in q.stdout.split()}
         assert set(seen) == job_ids

@@ -7,12 +7,12 @@ import subprocess
 
 import pandas as pd
 import pytest
-from workflow_helpers import DEMO, REPO, load_config
 
 from cs336sys import studies as S
 from cs336sys.analysis.tables import ALIASES, failures, load_study, merge_cells, of_kind, ok_rows, upgrade
 from cs336sys.pipeline.config import validate_config
 from cs336sys.pipeline.rows import HEAD_COLUMNS, write_csv_atomic
+from workflow_helpers import DEMO, REPO, load_config
 
 
 def _committed_csvs() -> list[str]:

@@ -26,8 +26,9 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 import cs336sys.models.triton_attention as ta  # noqa: E402
 
 INTERPRETING = ta._INTERPRET and isinstance(triton.language.standard.sum, InterpretedFunction)
-runs_here = pytest.mark.skipif(not (ON_GPU or INTERPRETING),
-                               reason="triton was imported without TRITON_INTERPRET=1: see test_cpu_suite_in_subprocess")
+runs_here = pytest.mark.skipif(
+    not (ON_GPU or INTERPRETING), reason="triton was imported without TRITON_INTERPRET=1: see test_cpu_suite_in_subprocess"
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KERNELS = {"softmax": ta.flash_attention, "relu": ta.relu_attention_fused}
@@ -69,11 +70,11 @@ def _forward_backward(fn, q, k, v, do, is_causal):
 def _assert_close(actual, expected, tol, what):
     # error measured against the tensor's largest entry: gradients differ in scale by orders
     scale = expected.abs().max().item()
-    torch.testing.assert_close(actual.double(), expected.double(), rtol=tol, atol=tol * scale,
-                               msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=tol, atol=tol * scale, msg=lambda m: f"{what}: {m}")
 
 
 # ----------------------------------------------------------------------------- small shapes
+
 
 @runs_here
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -82,8 +83,7 @@ def _assert_close(actual, expected, tol, what):
 def test_matches_float64_reference(activation, shape, is_causal):
     q, k, v, do = _inputs(shape)
     got = _forward_backward(KERNELS[activation], q, k, v, do, is_causal)
-    ref = _forward_backward(lambda *a: _reference(*a, activation)[0],
-                            q.double(), k.double(), v.double(), do.double(), is_causal)
+    ref = _forward_backward(lambda *a: _reference(*a, activation)[0], q.double(), k.double(), v.double(), do.double(), is_causal)
     assert got[0].dtype == torch.float32 and got[0].shape == shape
     for name, a, e in zip(["out", "dq", "dk", "dv"], got, ref):
         _assert_close(a, e, FP32_TOL, f"{activation} {name}")
@@ -109,16 +109,14 @@ def test_three_dim_and_strided_inputs(activation):
     q, k, v, do = _inputs((2, 41, 3, 32))  # (batch, seq, heads, d): transposes are strided
     qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, do))
     got = _forward_backward(fn, qt, kt, vt, dot, True)
-    ref = _forward_backward(lambda *a: _reference(*a, activation)[0],
-                            qt.double(), kt.double(), vt.double(), dot.double(), True)
+    ref = _forward_backward(lambda *a: _reference(*a, activation)[0], qt.double(), kt.double(), vt.double(), dot.double(), True)
     for name, a, e in zip(["out", "dq", "dk", "dv"], got, ref):
         assert a.shape == e.shape
         _assert_close(a, e, FP32_TOL, f"strided {name}")
     # (batch, seq, d) is one head
     q3, k3, v3, do3 = (x[:, :, 0] for x in (q, k, v, do))
     got = _forward_backward(fn, q3, k3, v3, do3, False)
-    ref = _forward_backward(lambda *a: _reference(*a, activation)[0],
-                            q3.double(), k3.double(), v3.double(), do3.double(), False)
+    ref = _forward_backward(lambda *a: _reference(*a, activation)[0], q3.double(), k3.double(), v3.double(), do3.double(), False)
     for name, a, e in zip(["out", "dq", "dk", "dv"], got, ref):
         assert a.shape == e.shape
         _assert_close(a, e, FP32_TOL, f"3-d {name}")
@@ -144,6 +142,7 @@ def test_cpu_suite_in_subprocess():
 
 # ----------------------------------------------------------------------------- GPU, realistic shapes
 
+
 def _error_budget(activation, seq, d, is_causal):
     """flash-attention's rule: the kernel's bf16 error vs an fp32 reference is at most 2× that of
     the eager implementation run in bf16, for the output and each gradient."""
@@ -160,8 +159,7 @@ def _error_budget(activation, seq, d, is_causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seq,d,is_causal", [(1024, 64, True), (1024, 80, False), (2048, 128, True),
-                                             (2048, 64, False)])
+@pytest.mark.parametrize("seq,d,is_causal", [(1024, 64, True), (1024, 80, False), (2048, 128, True), (2048, 64, False)])
 def test_flash_bf16_error_within_2x_eager(seq, d, is_causal):
     _error_budget("softmax", seq, d, is_causal)
 

@@ -16,6 +16,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+
+from cs336sys.measure.env import environment
+from cs336sys.pipeline.rows import ENV_COLUMNS, STATUSES
 from workflow_helpers import (
     DEMO,
     DEMO_RUN,
@@ -31,9 +34,6 @@ from workflow_helpers import (
     snakemake,
     write_yaml,
 )
-
-from cs336sys.measure.env import environment
-from cs336sys.pipeline.rows import ENV_COLUMNS, STATUSES
 
 # the environment columns every row carries on any device (ENV_COLUMNS adds GPU/host state where there is one)
 BASE_ENV = [c for c in ENV_COLUMNS if c in environment(torch.device("cpu"))]

@@ -15,9 +15,10 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import yaml
 
@@ -219,12 +220,12 @@ def markdown_section(text: str, heading_re: str) -> str:
     m = re.search(rf"^## [^\n]*{heading_re}[^\n]*$", text, re.M | re.I)
     if not m:
         return ""
-    rest = text[m.end():]
+    rest = text[m.end() :]
     nxt = re.search(r"^## ", rest, re.M)
     return rest[: nxt.start()] if nxt else rest
 
 
-IMPORT_HOOK = '''
+IMPORT_HOOK = """
 
 # --- added by tests/test_workflow.py in a temporary copy: record which checkout each process imports
 import os as _os
@@ -232,7 +233,7 @@ import os as _os
 if _os.environ.get("CS336SYS_TEST_IMPORT_LOG"):
     with open(_os.environ["CS336SYS_TEST_IMPORT_LOG"], "a") as _f:
         _f.write(f"{_os.getpid()} {__file__}\\n")
-'''
+"""
 
 
 def add_import_hook(root: Path) -> None:

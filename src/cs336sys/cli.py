@@ -22,9 +22,9 @@ import copy
 import os
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
-
+from typing import Any
 
 from cs336sys import studies as S
 from cs336sys.pipeline.config import ConfigError, load_schema, load_yaml, validate_config
@@ -83,11 +83,15 @@ def _add_study(sub, schema: Mapping, name: str) -> None:
         sub_schema = _resolve(schema, sub_schema)
         if sub_schema.get("type") == "array":
             typ, choices = _value_type(schema, sub_schema["items"])
-            p.add_argument(_flag(key), nargs="+", type=typ, choices=choices, default=None, help=f"(default: {_show(sub_schema.get('default'))})")
+            p.add_argument(
+                _flag(key), nargs="+", type=typ, choices=choices, default=None, help=f"(default: {_show(sub_schema.get('default'))})"
+            )
             continue
         typ, choices = _value_type(schema, sub_schema)
         if typ is None:
-            p.add_argument(_flag(key), action=argparse.BooleanOptionalAction, default=None, help=f"(default: {_show(sub_schema.get('default'))})")
+            p.add_argument(
+                _flag(key), action=argparse.BooleanOptionalAction, default=None, help=f"(default: {_show(sub_schema.get('default'))})"
+            )
         else:
             p.add_argument(_flag(key), type=typ, choices=choices, default=None, help=f"(default: {_show(sub_schema.get('default'))})")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where to run; auto: CUDA if present (default: auto)")
@@ -138,8 +142,12 @@ def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
 def command_line(study: str, axes: Mapping[str, Any], config: Mapping[str, Any], target: str = "e2e") -> str:
     """Flags of ``cs336sys <target>`` that run the same cell as ``study``'s ``axes`` under ``config`` (the nsys rule)."""
     known = set(S.study(target).axes) | set(load_schema()["properties"][target]["properties"])
-    settings = {k: v for k, v in {**config[study], **axes}.items() if k in known and k not in S.JOB_KEYS and not isinstance(v, (list, dict))}
-    flags = [f"{_flag(k)} {v}" if not isinstance(v, bool) else (_flag(k) if v else "--no-" + k.replace("_", "-")) for k, v in settings.items()]
+    settings = {
+        k: v for k, v in {**config[study], **axes}.items() if k in known and k not in S.JOB_KEYS and not isinstance(v, (list, dict))
+    }
+    flags = [
+        f"{_flag(k)} {v}" if not isinstance(v, bool) else (_flag(k) if v else "--no-" + k.replace("_", "-")) for k, v in settings.items()
+    ]
     return " ".join(flags + ["--device cuda", "--modes inference train"])
 
 

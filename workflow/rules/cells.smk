@@ -7,16 +7,16 @@ for _study in STUDIES:
             f"{_study}_cell"
         output:
             cell_csv(_study),
-        params:
-            cell=cell_settings(_study),
-            code=cell_code(_study),
-            script=SCRIPT_HASH["run_cell.py"],
+        log:
+            cell_log(_study),
         resources:
             gpu=1,
             runtime=cell_resource(_study, "runtime_min"),
             mem_mb=cell_resource(_study, "mem_mb"),
             timeout_s=cell_timeout(_study),
-        log:
-            cell_log(_study),
+        params:
+            cell=cell_settings(_study),
+            code=cell_code(_study),
+            script=SCRIPT_HASH["run_cell.py"],
         script:
             "../scripts/run_cell.py"

@@ -91,7 +91,9 @@ def nsys_log():
 
 NSYS = "profile" in STUDIES and config["profile"]["nsys"]
 if NSYS and shutil.which("nsys") is None:
-    raise WorkflowError("profile.nsys is true but no `nsys` binary is on PATH; set it to false (torch.profiler covers the study)")
+    raise WorkflowError(
+        "profile.nsys is true but no `nsys` binary is on PATH; set it to false (torch.profiler covers the study)"
+    )
 
 
 def final_outputs():

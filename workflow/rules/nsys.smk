@@ -3,13 +3,13 @@
 rule profile_nsys:
     output:
         nsys_rep(),
+    log:
+        nsys_log(),
+    resources:
+        gpu=1,
     params:
         args=nsys_args,
         code=cell_code("profile"),
-    resources:
-        gpu=1,
-    log:
-        nsys_log(),
     shell:
         "CS336SYS_NVTX=1 nsys profile --trace=cuda,nvtx --force-overwrite=true "
         "-o {output:q} python -m cs336sys e2e {params.args} > {log:q} 2>&1"

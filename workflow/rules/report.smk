@@ -10,13 +10,13 @@ rule merge:
             subcategory="{study}",
             labels={"study": "{study}", "table": "merged cells"},
         ),
+    log:
+        f"logs/{RUN}/merge/{{study}}.log",
     params:
         peak_tflops=config["peak_tflops"],
         flags=config["flags"],
         code=MERGE_CODE,
         script=SCRIPT_HASH["merge.py"],
-    log:
-        f"logs/{RUN}/merge/{{study}}.log",
     script:
         "../scripts/merge.py"
 
@@ -33,12 +33,12 @@ rule plots:
             subcategory="{study}",
             labels={"study": "{study}", "figure": "{name}"},
         ),
+    log:
+        f"logs/{RUN}/plots/{{study}}.log",
     params:
         run=RUN,
         code=PLOT_CODE,
         script=SCRIPT_HASH["plot.py"],
-    log:
-        f"logs/{RUN}/plots/{{study}}.log",
     script:
         "../scripts/plot.py"
 
@@ -49,13 +49,13 @@ rule report:
         figures=expand(figure_dir("{s}"), s=STUDIES),
     output:
         report(report_md(), caption="../report/report.rst", category="Report", labels={"file": "report.md"}),
+    log:
+        f"logs/{RUN}/report.log",
     params:
         run=RUN,
         studies=STUDIES,
         config=config,
         code=REPORT_CODE,
         script=SCRIPT_HASH["report.py"],
-    log:
-        f"logs/{RUN}/report.log",
     script:
         "../scripts/report.py"

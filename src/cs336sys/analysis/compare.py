@@ -21,9 +21,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -67,8 +68,11 @@ def load_run(results_dir: Path) -> dict[str, pd.DataFrame]:
 
 
 def _truthy(value: Any) -> bool:
-    return value is True or (isinstance(value, (int, float, np.bool_)) and not pd.isna(value) and bool(value)) \
+    return (
+        value is True
+        or (isinstance(value, (int, float, np.bool_)) and not pd.isna(value) and bool(value))
         or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes"))
+    )
 
 
 def _prepare(df: pd.DataFrame) -> pd.DataFrame:
@@ -123,22 +127,40 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     both_ok = (m["status_a"] == "ok") & (m["status_b"] == "ok")
     med_a, med_b = m["median_ms_a"].where(both_ok), m["median_ms_b"].where(both_ok)
     ratio = med_b / med_a
-    known = both_ok & ratio.notna() & (m["ci_low_ms_a"] > 0) & (m["ci_high_ms_a"] > 0) & m["ci_low_ms_b"].notna() \
-        & m["ci_high_ms_b"].notna()
+    known = (
+        both_ok & ratio.notna() & (m["ci_low_ms_a"] > 0) & (m["ci_high_ms_a"] > 0) & m["ci_low_ms_b"].notna() & m["ci_high_ms_b"].notna()
+    )
     r_low = (m["ci_low_ms_b"] / m["ci_high_ms_a"]).where(known)
     r_high = (m["ci_high_ms_b"] / m["ci_low_ms_a"]).where(known)
     verdict = np.select([~known, r_low > 1, r_high < 1], ["n/a", "slower", "faster"], "same")
     only_in = np.select([m["_merge"] == "left_only", m["_merge"] == "right_only"], ["a", "b"], "")
     present = m["_merge"] == "both"
-    change = np.where(present & (m["status_a"] != m["status_b"]),
-                      m["status_a"].fillna("") + " → " + m["status_b"].fillna(""), "")
-    flags = [", ".join(f"{f}({s})" for s, fl in (("a", fa), ("b", fb)) if isinstance(fl, str) for f in fl.split(",") if f)
-             for fa, fb in zip(m["flags_a"], m["flags_b"])]
+    change = np.where(present & (m["status_a"] != m["status_b"]), m["status_a"].fillna("") + " → " + m["status_b"].fillna(""), "")
+    flags = [
+        ", ".join(f"{f}({s})" for s, fl in (("a", fa), ("b", fb)) if isinstance(fl, str) for f in fl.split(",") if f)
+        for fa, fb in zip(m["flags_a"], m["flags_b"])
+    ]
     note = np.select(
-        [only_in == "a", only_in == "b", m["status_a"] != "ok", m["status_b"] != "ok", ratio.isna(),
-         ~(m["has_ci_a"].eq(True) & m["has_ci_b"].eq(True)), ~known],
-        ["only in a", "only in b", m["status_a"].fillna("") + " in a", m["status_b"].fillna("") + " in b",
-         "no median recorded", "no interval recorded", "interval incomplete"], "")
+        [
+            only_in == "a",
+            only_in == "b",
+            m["status_a"] != "ok",
+            m["status_b"] != "ok",
+            ratio.isna(),
+            ~(m["has_ci_a"].eq(True) & m["has_ci_b"].eq(True)),
+            ~known,
+        ],
+        [
+            "only in a",
+            "only in b",
+            m["status_a"].fillna("") + " in a",
+            m["status_b"].fillna("") + " in b",
+            "no median recorded",
+            "no interval recorded",
+            "interval incomplete",
+        ],
+        "",
+    )
     out = pd.DataFrame({
         "cell_id": m["cell_id"], "mode": m["mode"], "phase": m["phase"], "status_a": m["status_a"],
         "status_b": m["status_b"], "median_a_ms": m["median_ms_a"], "median_b_ms": m["median_ms_b"], "ratio": ratio,
@@ -183,8 +205,9 @@ def config_diff(a_cfg: Mapping | None, b_cfg: Mapping | None) -> pd.DataFrame:
         return pd.DataFrame(columns=["key", "a", "b"])
     fa, fb = _flatten(a_cfg), _flatten(b_cfg)
     keys = sorted(set(fa) | set(fb))
-    return pd.DataFrame([(k, fa.get(k), fb.get(k)) for k in keys if k not in fa or k not in fb or fa[k] != fb[k]],
-                        columns=["key", "a", "b"])
+    return pd.DataFrame(
+        [(k, fa.get(k), fb.get(k)) for k in keys if k not in fa or k not in fb or fa[k] != fb[k]], columns=["key", "a", "b"]
+    )
 
 
 def _sig(x: Any, digits: int) -> str:
@@ -247,11 +270,16 @@ def _study_section(study: str, t: pd.DataFrame, figure: str | None) -> list[str]
         return lines + ["No timing rows in either run: nothing to compare.", ""]
     both = t[t["only_in"] == ""]
     counts = {v: int((both["verdict"] == v).sum()) for v in VERDICTS}
-    counts |= {"only in a": int((t["only_in"] == "a").sum()), "only in b": int((t["only_in"] == "b").sum()),
-               "status changes": int((t["status_change"] != "").sum())}
+    counts |= {
+        "only in a": int((t["only_in"] == "a").sum()),
+        "only in b": int((t["only_in"] == "b").sum()),
+        "status changes": int((t["status_change"] != "").sum()),
+    }
     lines += [_md(pd.DataFrame([counts])), ""]
-    for verdict, title in (("slower", "Slower in b (intervals do not overlap; ratio > 1)"),
-                           ("faster", "Faster in b (intervals do not overlap; ratio < 1)")):
+    for verdict, title in (
+        ("slower", "Slower in b (intervals do not overlap; ratio > 1)"),
+        ("faster", "Faster in b (intervals do not overlap; ratio < 1)"),
+    ):
         rows = both[both["verdict"] == verdict].sort_values("ratio", ascending=verdict == "faster")
         lines += [f"### {title}", "", _cells_md(rows, ["flags"]) if len(rows) else "None.", ""]
     na = both[both["verdict"] == "n/a"]
@@ -259,23 +287,26 @@ def _study_section(study: str, t: pd.DataFrame, figure: str | None) -> list[str]
         reasons = na["note"].value_counts()
         lines += ["### Not judged (n/a)", ""] + [f"- {n} × {why}" for why, n in reasons.items()] + [""]
     one = t[t["only_in"] != ""]
-    lines += ["### Cells in one run only", "", _md(one[["cell_id", "mode", "phase", "only_in", "status_a", "status_b"]])
-              if len(one) else "None.", ""]
+    lines += [
+        "### Cells in one run only",
+        "",
+        _md(one[["cell_id", "mode", "phase", "only_in", "status_a", "status_b"]]) if len(one) else "None.",
+        "",
+    ]
     changed = t[t["status_change"] != ""]
-    lines += ["### Status changes", "", _md(changed[["cell_id", "mode", "phase", "status_change"]])
-              if len(changed) else "None.", ""]
+    lines += ["### Status changes", "", _md(changed[["cell_id", "mode", "phase", "status_change"]]) if len(changed) else "None.", ""]
     if figure:
         lines += [f"![{study}: ratio b/a per cell]({figure})", ""]
     return lines
 
 
-def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Path,
-                     fail_above: float | None = None) -> ComparisonResult:
+def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Path, fail_above: float | None = None) -> ComparisonResult:
     """Compare run b = ``run_dirs[1]`` against baseline a = ``run_dirs[0]``; write report.md,
     compare.csv and figures/<study>_ratio.png under ``out_dir``. Exactly two runs are allowed."""
     if len(run_dirs) != 2 or len(names) != 2:
-        raise ValueError(f"write_comparison compares exactly 2 runs (baseline, candidate) with 2 names; "
-                         f"got {len(run_dirs)} runs and {len(names)} names")
+        raise ValueError(
+            f"write_comparison compares exactly 2 runs (baseline, candidate) with 2 names; got {len(run_dirs)} runs and {len(names)} names"
+        )
     out_dir = Path(out_dir)
     a_dir, b_dir = map(Path, run_dirs)
     a_name, b_name = names
@@ -296,16 +327,25 @@ def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Pa
     regs = regressions(table, 1.0 if fail_above is None else fail_above)
     passed = fail_above is None or regs.empty
 
-    lines = [f"# `{a_name}` vs `{b_name}`", "",
-             f"Baseline **a** = `{a_name}` (`{a_dir}`); candidate **b** = `{b_name}` (`{b_dir}`). "
-             "Ratio = median time b / a: above 1, b is slower. A cell is slower or faster only when the runs' "
-             "95 % intervals do not overlap (ratio interval = [b.low / a.high, b.high / a.low]); otherwise "
-             "`same`, or `n/a` when an interval is unknown or a status is not ok.", "", "## Gate", ""]
+    lines = [
+        f"# `{a_name}` vs `{b_name}`",
+        "",
+        f"Baseline **a** = `{a_name}` (`{a_dir}`); candidate **b** = `{b_name}` (`{b_dir}`). "
+        "Ratio = median time b / a: above 1, b is slower. A cell is slower or faster only when the runs' "
+        "95 % intervals do not overlap (ratio interval = [b.low / a.high, b.high / a.low]); otherwise "
+        "`same`, or `n/a` when an interval is unknown or a status is not ok.",
+        "",
+        "## Gate",
+        "",
+    ]
     if fail_above is None:
         lines += [f"Not gated (no fail-above threshold). {len(regs)} cell(s) slower beyond noise or newly failing.", ""]
     else:
-        lines += [f"Fail above {fail_above:g}: **{'passed' if passed else 'FAILED'}** — {len(regs)} regression(s) "
-                  "(verdict slower with ratio above the threshold, or ok → oom/error/timeout).", ""]
+        lines += [
+            f"Fail above {fail_above:g}: **{'passed' if passed else 'FAILED'}** — {len(regs)} regression(s) "
+            "(verdict slower with ratio above the threshold, or ok → oom/error/timeout).",
+            "",
+        ]
     if len(regs):
         lines += [_cells_md(regs, ["status_change"]), ""]
     lines += ["## Environment", "", _md(environment_diff(*runs)), "", "## Config", ""]

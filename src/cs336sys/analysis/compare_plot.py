@@ -57,8 +57,18 @@ def ratio_figure(table: pd.DataFrame, title: str):
             continue
         below = (ratio[sel] - low[sel]).clip(lower=0.0).fillna(0.0)
         above = (high[sel] - ratio[sel]).clip(lower=0.0).fillna(0.0)
-        ax.errorbar(ratio[sel], y[sel], xerr=[below.to_numpy(), above.to_numpy()], fmt="o", ms=4, capsize=2,
-                    color=colour, ecolor=colour, lw=1, label=f"{verdict} ({int(sel.sum())})")
+        ax.errorbar(
+            ratio[sel],
+            y[sel],
+            xerr=[below.to_numpy(), above.to_numpy()],
+            fmt="o",
+            ms=4,
+            capsize=2,
+            color=colour,
+            ecolor=colour,
+            lw=1,
+            label=f"{verdict} ({int(sel.sum())})",
+        )
     ax.axvline(1.0, color="black", lw=1, ls="--", zorder=0)
     ax.set_yticks(y, [cell_label(r) for _, r in rows.iterrows()], fontsize=fontsize)
     ax.set_ylim(-0.7, n - 0.3)

@@ -15,7 +15,7 @@ overrides or extends the table.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -72,8 +72,9 @@ def add_flags(df: pd.DataFrame, flags: Mapping[str, float] | None = None) -> pd.
     return out
 
 
-def add_derived(df: pd.DataFrame, overrides: Mapping[str, Mapping[str, float]] | None = None,
-                flags: Mapping[str, float] | None = None) -> pd.DataFrame:
+def add_derived(
+    df: pd.DataFrame, overrides: Mapping[str, Mapping[str, float]] | None = None, flags: Mapping[str, float] | None = None
+) -> pd.DataFrame:
     """Add ``tflops``, ``mfu_pct`` (+ ``mfu_note``), ``tokens_per_s`` and the trust flags where the inputs exist."""
     out = add_flags(df, flags)
     if out.empty:

@@ -7,8 +7,8 @@ at their x position, never silently dropped.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import matplotlib
 
@@ -135,7 +135,9 @@ def plot_scaling(df: pd.DataFrame, path: Path, run: str, groups: Sequence[str], 
     for ax, (mode, phase, column) in zip(np.atleast_1d(axes), panels):
         data = ok_cells(df, mode=mode, phase=phase)
         if column in data and data[column].notna().any():
-            draw_lines(ax, data.dropna(subset=[column]), "seq_len", column, groups, failed=failed_cells(df, mode=mode), logx=True, logy=True)
+            draw_lines(
+                ax, data.dropna(subset=[column]), "seq_len", column, groups, failed=failed_cells(df, mode=mode), logx=True, logy=True
+            )
         else:
             ax.text(0.5, 0.5, f"{column}: not measured here\n(memory needs CUDA)", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(f"{mode} {phase}: {column}")

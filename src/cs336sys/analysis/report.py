@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -13,7 +14,8 @@ from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.tables import failures, load_study, ok_rows
 from cs336sys.fileio import write_text_atomic
 from cs336sys.measure.flops import BACKWARD_FACTOR
-from cs336sys.studies import report_module, study as get_study
+from cs336sys.studies import report_module
+from cs336sys.studies import study as get_study
 
 MIB = 2**20
 ENV_FIELDS = ["device_name", "driver_version", "torch_version", "cuda_version", "python_version", "git_commit", "host"]
@@ -91,7 +93,11 @@ def _environment(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
 def _status_counts(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     rows = []
     for name, df in frames.items():
-        per_cell = df.groupby("cell_id")["status"].agg(lambda s: "ok" if (s == "ok").all() else sorted(set(s) - {"ok"})[0]) if not df.empty else pd.Series(dtype=str)
+        per_cell = (
+            df.groupby("cell_id")["status"].agg(lambda s: "ok" if (s == "ok").all() else sorted(set(s) - {"ok"})[0])
+            if not df.empty
+            else pd.Series(dtype=str)
+        )
         rows.append({"study": name, "cells": len(per_cell), **per_cell.value_counts().to_dict()})
     return pd.DataFrame(rows).fillna(0)
 
@@ -101,7 +107,9 @@ def _figures(fig_dir: Path, report_dir: Path) -> str:
     return "\n\n".join(f"![{p.stem}]({os.path.relpath(p, report_dir)})" for p in pngs) or "_(no figures)_"
 
 
-def write_report(out: Path, run: str, studies: Sequence[str], csvs: Sequence[Path], figure_dirs: Sequence[Path], config: Mapping[str, Any]) -> Path:
+def write_report(
+    out: Path, run: str, studies: Sequence[str], csvs: Sequence[Path], figure_dirs: Sequence[Path], config: Mapping[str, Any]
+) -> Path:
     frames = {name: load_study(path, name) for name, path in zip(studies, csvs)}
     report_dir = out.parent
     lines = [f"# cs336sys benchmark report — run `{run}`", "", DEFINITIONS, "## Environment", "", md_table(_environment(frames)), ""]
@@ -112,10 +120,26 @@ def write_report(out: Path, run: str, studies: Sequence[str], csvs: Sequence[Pat
     for name, fig_dir in zip(studies, figure_dirs):
         df = frames[name]
         spec = get_study(name)
-        lines += [f"## Study `{name}`", "", spec.question, "", "Grid:", "", "```yaml", yaml.safe_dump({name: config.get(name)}, sort_keys=False).strip(), "```", ""]
+        lines += [
+            f"## Study `{name}`",
+            "",
+            spec.question,
+            "",
+            "Grid:",
+            "",
+            "```yaml",
+            yaml.safe_dump({name: config.get(name)}, sort_keys=False).strip(),
+            "```",
+            "",
+        ]
         if spec.cell_table:
-            lines += ["Per cell: median ms [95% interval] per mode and phase; `*` noisy (interval wider than the configured "
-                      "share of the median), `†` host-bound (the GPU idled for part of the step):", "", md_table(cell_table(df, list(spec.axes))), ""]
+            lines += [
+                "Per cell: median ms [95% interval] per mode and phase; `*` noisy (interval wider than the configured "
+                "share of the median), `†` host-bound (the GPU idled for part of the step):",
+                "",
+                md_table(cell_table(df, list(spec.axes))),
+                "",
+            ]
         found = report_module(name).findings(df) if not df.empty and (df["status"] == "ok").any() else ""
         if found:
             lines += ["### Findings", "", found, ""]

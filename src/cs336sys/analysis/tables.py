@@ -7,14 +7,15 @@ rebuilt from the axes, so old and new runs compare cell by cell.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 import pandas as pd
 
 from cs336sys.analysis.metrics import add_derived
 from cs336sys.pipeline.rows import Status, order_columns
-from cs336sys.studies import cell_id, study as get_study
+from cs336sys.studies import cell_id
+from cs336sys.studies import study as get_study
 
 OK = Status.OK.value
 # study → old column → axis name (runs measured before commit "one home per study")
@@ -46,7 +47,9 @@ def upgrade(df: pd.DataFrame, study: str) -> pd.DataFrame:
     return df[order_columns(df.columns, axes)]
 
 
-def merge_cells(paths: Iterable[str | Path], study: str, peak_overrides: Mapping | None = None, flags: Mapping | None = None) -> pd.DataFrame:
+def merge_cells(
+    paths: Iterable[str | Path], study: str, peak_overrides: Mapping | None = None, flags: Mapping | None = None
+) -> pd.DataFrame:
     """Concatenate one study's cell CSVs (every status kept) and add derived metrics."""
     frames = [pd.read_csv(p) for p in paths]
     frames = [f for f in frames if not f.empty]

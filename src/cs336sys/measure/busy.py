@@ -14,7 +14,7 @@ step still reads close to 1.
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

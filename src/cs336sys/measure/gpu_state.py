@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import Callable
+from collections.abc import Callable
 
 # NVML clock-event reason bits, as in nvml.h (nvmlClocksEventReason*, formerly
 # nvmlClocksThrottleReason*); hard-coded so decoding works without nvidia-ml-py.
@@ -32,8 +32,17 @@ THROTTLE_BITS: dict[int, str] = {
 # reasons that do not slow a timed kernel: idle between launches, or clocks set on purpose
 BENIGN_REASONS = frozenset({"gpu_idle", "applications_clocks_setting", "none"})
 
-GPU_COLUMNS = ("gpu_index", "gpu_uuid", "sm_clock_mhz", "mem_clock_mhz", "max_sm_clock_mhz",
-               "temperature_c", "power_w", "throttle_reasons", "gpu_state_note")
+GPU_COLUMNS = (
+    "gpu_index",
+    "gpu_uuid",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "max_sm_clock_mhz",
+    "temperature_c",
+    "power_w",
+    "throttle_reasons",
+    "gpu_state_note",
+)
 
 
 def decode_throttle_reasons(mask: int) -> list[str]:
@@ -125,8 +134,7 @@ def host_state() -> dict[str, object]:
         load = float(os.getloadavg()[0])
     except OSError:
         load = float("nan")
-    return {"cpu_model": model or platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "load_avg_1m": load}
+    return {"cpu_model": model or platform.processor() or platform.machine(), "cpu_count": os.cpu_count(), "load_avg_1m": load}
 
 
 def state_columns(prefix: str, state: dict[str, object]) -> dict[str, object]:

@@ -19,6 +19,7 @@ from cs336sys.models.model import TransformerLM
 from cs336sys.models.optim import make_optimizer
 from cs336sys.models.sizes import ModelSize, resolve_size
 
+
 def build_lm(size: ModelSize, vocab_size: int, context_length: int, attention: str, device: torch.device) -> TransformerLM:
     # Built on the device: initialising 3.4B parameters on the host first would take minutes.
     return TransformerLM.from_size(size, vocab_size, context_length, attention=attention, device=device)

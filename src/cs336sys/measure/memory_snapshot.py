@@ -29,7 +29,7 @@ import os
 import pickle
 import sysconfig
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pandas as pd
 
@@ -121,9 +121,7 @@ def active_timeline(snapshot: dict, device: int = 0) -> pd.DataFrame:
             baseline += b.get("requested_size", b["size"])
 
     if not events:
-        return pd.DataFrame(
-            {"time_us": pd.Series(dtype=float), "allocated_bytes": pd.Series(dtype="int64")}
-        )
+        return pd.DataFrame({"time_us": pd.Series(dtype=float), "allocated_bytes": pd.Series(dtype="int64")})
     times = [float(events[0]["time_us"])] + [float(t) for t, _ in steps]
     allocated = [baseline]
     for _, delta in steps:
@@ -151,14 +149,20 @@ def plot_timeline(
     for i, (label, start_us, end_us) in enumerate(phases or []):
         lo, hi = (start_us - t0) / 1000, (end_us - t0) / 1000
         ax.axvspan(lo, hi, color=colors[i % len(colors)], alpha=0.15, lw=0)
-        ax.text((lo + hi) / 2, 1.0, label, transform=ax.get_xaxis_transform(),
-                ha="center", va="bottom", fontsize=8)
+        ax.text((lo + hi) / 2, 1.0, label, transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=8)
     ax.step(x_ms, y_mib, where="post", color="black", lw=1)
     if len(timeline):
         peak = float(y_mib.max())
         ax.axhline(peak, color="gray", ls="--", lw=0.8)
-        ax.annotate(f"peak {peak:.1f} MiB", (0, peak), xycoords=("axes fraction", "data"),
-                    xytext=(4, 2), textcoords="offset points", fontsize=8, color="gray")
+        ax.annotate(
+            f"peak {peak:.1f} MiB",
+            (0, peak),
+            xycoords=("axes fraction", "data"),
+            xytext=(4, 2),
+            textcoords="offset points",
+            fontsize=8,
+            color="gray",
+        )
     ax.set_xlabel("time since first allocator event (ms)")
     ax.set_ylabel("allocated (MiB)")
     ax.set_ylim(bottom=0)
@@ -185,9 +189,7 @@ def format_frames(frames: list[dict], depth: int = 3) -> str:
     user = user or [f for f in frames if f["filename"].endswith(".py")]
     if not user:
         return "(no Python frames recorded)"
-    return " ← ".join(
-        f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in user[:depth]
-    )
+    return " ← ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in user[:depth])
 
 
 def largest_allocations(snapshot: dict, top_n: int = 10, device: int = 0) -> pd.DataFrame:

@@ -32,8 +32,9 @@ CPU. The GPU machine runs torch 2.11; where a FunctionEvent lacks
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -74,9 +75,7 @@ class Kernel:
     device_kind: str = "cuda"
 
 
-def profile_steps(
-    step_fn: Callable[[], None], *, steps: int, device: str, trace_path: str | None
-) -> "torch.profiler.profile":
+def profile_steps(step_fn: Callable[[], None], *, steps: int, device: str, trace_path: str | None) -> torch.profiler.profile:
     """Run `step_fn` `steps` times under torch.profiler; export a chrome trace if asked."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -107,10 +106,7 @@ def _linked_ids_from_kineto(prof) -> dict[tuple[float, float], int]:
     # FunctionEvent times are (kineto ns - trace start ns) / 1000; match on them.
     results = prof.profiler.kineto_results
     t0 = results.trace_start_ns()
-    return {
-        _time_key((e.start_ns() - t0) / 1000, (e.end_ns() - t0) / 1000): e.linked_correlation_id()
-        for e in results.events()
-    }
+    return {_time_key((e.start_ns() - t0) / 1000, (e.end_ns() - t0) / 1000): e.linked_correlation_id() for e in results.events()}
 
 
 def events_from_profiler(prof) -> tuple[list[Range], list[Kernel]]:
@@ -118,17 +114,12 @@ def events_from_profiler(prof) -> tuple[list[Range], list[Kernel]]:
     from torch.autograd import DeviceType
 
     events = list(prof.events())
-    cpu_ranges = [
-        e for e in events if e.device_type == DeviceType.CPU and e.name in RANGE_NAMES
-    ]
+    cpu_ranges = [e for e in events if e.device_type == DeviceType.CPU and e.name in RANGE_NAMES]
     # Kineto mirrors each CPU user annotation (our ranges, "Optimizer.step#AdamW.step")
     # onto the GPU as a gpu_user_annotation spanning its kernels: not a kernel, and
     # counting it would double the time. Excluded by flag, activity type and name,
     # whichever this torch version provides.
-    annotations = set(RANGE_NAMES) | {
-        e.name for e in events
-        if e.device_type == DeviceType.CPU and getattr(e, "is_user_annotation", False)
-    }
+    annotations = set(RANGE_NAMES) | {e.name for e in events if e.device_type == DeviceType.CPU and getattr(e, "is_user_annotation", False)}
     device_events = [
         e
         for e in events
@@ -157,15 +148,11 @@ def events_from_profiler(prof) -> tuple[list[Range], list[Kernel]]:
         linked = {id(e): e.linked_correlation_id for e in events}
     else:
         by_time = _linked_ids_from_kineto(prof)
-        linked = {
-            id(e): by_time.get(_time_key(e.time_range.start, e.time_range.end), 0) for e in events
-        }
+        linked = {id(e): by_time.get(_time_key(e.time_range.start, e.time_range.end), 0) for e in events}
     # Only front-end ops (linked id 0) are keys: runtime calls such as cudaLaunchKernel
     # carry CUPTI correlation ids, a different id space that can collide with op ids.
     op_start_us = {
-        e.id: e.time_range.start
-        for e in events
-        if e.device_type == DeviceType.CPU and linked[id(e)] == 0 and e.name not in RANGE_NAMES
+        e.id: e.time_range.start for e in events if e.device_type == DeviceType.CPU and linked[id(e)] == 0 and e.name not in RANGE_NAMES
     }
     kernels, launches = [], []
     for e in device_events:
@@ -183,7 +170,8 @@ def events_from_profiler(prof) -> tuple[list[Range], list[Kernel]]:
     mirrored = [
         Range(e.name, e.time_range.start, e.time_range.end)
         for e in events
-        if e.device_type == DeviceType.CUDA and e.name in ATTENTION_RANGES
+        if e.device_type == DeviceType.CUDA
+        and e.name in ATTENTION_RANGES
         and (getattr(e, "is_user_annotation", False) or "user_annotation" in str(getattr(e, "activity_type", "") or ""))
     ]
     mirrored_names = {r.name for r in mirrored}
@@ -249,18 +237,12 @@ def attribute_kernels(ranges: list[Range], kernels: list[Kernel]) -> pd.DataFram
             "duration_us": [k.duration_us for k in kernels],
         }
     )
-    table = (
-        df.groupby(["phase", "kernel"], sort=False)["duration_us"]
-        .agg(calls="count", total_us="sum")
-        .reset_index()
-    )
+    table = df.groupby(["phase", "kernel"], sort=False)["duration_us"].agg(calls="count", total_us="sum").reset_index()
     table["mean_us"] = table["total_us"] / table["calls"]
     phase_total = table.groupby("phase")["total_us"].transform("sum")
     table["share_of_phase"] = table["total_us"] / phase_total
     order = {p: i for i, p in enumerate(PHASES + (OTHER,))}
-    table = table.assign(_o=table["phase"].map(order)).sort_values(
-        ["_o", "total_us"], ascending=[True, False], kind="stable"
-    )
+    table = table.assign(_o=table["phase"].map(order)).sort_values(["_o", "total_us"], ascending=[True, False], kind="stable")
     return table.drop(columns="_o").reset_index(drop=True)[columns]
 
 
@@ -275,11 +257,9 @@ def attention_subrange_table(ranges: list[Range], kernels: list[Kernel]) -> pd.D
     for name in ATTENTION_RANGES:
         rs = [r for r in ranges if r.name == name]
         if not rs:
-            rows.append(dict(range=name, count=0, total_us=np.nan, mean_us=np.nan,
-                             kernel_us=np.nan))
+            rows.append(dict(range=name, count=0, total_us=np.nan, mean_us=np.nan, kernel_us=np.nan))
             continue
         total = float(sum(r.end_us - r.start_us for r in rs))
         kernel_us = float(_overlap_us(rs, kernels).sum()) if kernels else 0.0
-        rows.append(dict(range=name, count=len(rs), total_us=total, mean_us=total / len(rs),
-                         kernel_us=kernel_us))
+        rows.append(dict(range=name, count=len(rs), total_us=total, mean_us=total / len(rs), kernel_us=kernel_us))
     return pd.DataFrame(rows, columns=["range", "count", "total_us", "mean_us", "kernel_us"])

@@ -30,12 +30,36 @@ import numpy as np
 # decimals; they match the 3 printed decimals of the NIST/SEMATECH
 # e-Handbook of Statistical Methods, table 1.3.6.7.2.
 T_975: dict[int, float] = {
-    1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706,
-    6: 2.4469, 7: 2.3646, 8: 2.3060, 9: 2.2622, 10: 2.2281,
-    11: 2.2010, 12: 2.1788, 13: 2.1604, 14: 2.1448, 15: 2.1314,
-    16: 2.1199, 17: 2.1098, 18: 2.1009, 19: 2.0930, 20: 2.0860,
-    21: 2.0796, 22: 2.0739, 23: 2.0687, 24: 2.0639, 25: 2.0595,
-    26: 2.0555, 27: 2.0518, 28: 2.0484, 29: 2.0452, 30: 2.0423,
+    1: 12.7062,
+    2: 4.3027,
+    3: 3.1824,
+    4: 2.7764,
+    5: 2.5706,
+    6: 2.4469,
+    7: 2.3646,
+    8: 2.3060,
+    9: 2.2622,
+    10: 2.2281,
+    11: 2.2010,
+    12: 2.1788,
+    13: 2.1604,
+    14: 2.1448,
+    15: 2.1314,
+    16: 2.1199,
+    17: 2.1098,
+    18: 2.1009,
+    19: 2.0930,
+    20: 2.0860,
+    21: 2.0796,
+    22: 2.0739,
+    23: 2.0687,
+    24: 2.0639,
+    25: 2.0595,
+    26: 2.0555,
+    27: 2.0518,
+    28: 2.0484,
+    29: 2.0452,
+    30: 2.0423,
 }
 _Z_975 = 1.959963984540054
 
@@ -158,9 +182,7 @@ class Interval:
         return self.low <= x <= self.high
 
 
-def summarize_trials(
-    trial_samples: Sequence[Sequence[float]], confidence: float = 0.95
-) -> Interval:
+def summarize_trials(trial_samples: Sequence[Sequence[float]], confidence: float = 0.95) -> Interval:
     """One interval for a cell from the step times of each of its trials.
 
     Centre: the median of all pooled steps. Interval: the envelope (min of
@@ -228,7 +250,7 @@ def significant(a: Interval, b: Interval) -> bool:
 
 
 def verdict(a: Interval, b: Interval) -> str:
-    """"faster"/"slower" if time a lies entirely below/above time b (lower is faster).
+    """ "faster"/"slower" if time a lies entirely below/above time b (lower is faster).
 
     Overlapping intervals give "same"; an unbounded one on either side "n/a".
     """
@@ -241,9 +263,7 @@ def verdict(a: Interval, b: Interval) -> str:
     return "same"
 
 
-def gpu_busy_fraction(
-    kernel_intervals_us: Sequence[tuple[float, float]], window_us: tuple[float, float]
-) -> float:
+def gpu_busy_fraction(kernel_intervals_us: Sequence[tuple[float, float]], window_us: tuple[float, float]) -> float:
     """Share of a wall-clock window during which at least one kernel ran.
 
     Kernels are clipped to the window and their union is measured, because

@@ -14,9 +14,10 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -32,8 +33,13 @@ MAX_STORED_SAMPLES = 500
 _state_sampler: Callable[[], Mapping[str, object]] | None = None
 
 
-def configure(*, trials: int | None = None, min_warmup_s: float | None = None, min_measure_s: float | None = None,
-              state: Callable[[], Mapping[str, object]] | None = None) -> None:
+def configure(
+    *,
+    trials: int | None = None,
+    min_warmup_s: float | None = None,
+    min_measure_s: float | None = None,
+    state: Callable[[], Mapping[str, object]] | None = None,
+) -> None:
     """Set this process's timing policy and the GPU/host state sampler (see :func:`time_steps`)."""
     global _state_sampler
     for key, value in (("trials", trials), ("min_warmup_s", min_warmup_s), ("min_measure_s", min_measure_s)):
@@ -77,7 +83,11 @@ class Stats:
 
 def summarize(trial_samples_ms: Sequence[Sequence[float]] | Sequence[float]) -> Stats:
     """Statistics of step times given per trial (a list of lists) or as one trial (a flat list)."""
-    trials = [list(t) for t in trial_samples_ms] if trial_samples_ms and isinstance(trial_samples_ms[0], (list, tuple)) else [list(trial_samples_ms)]
+    trials = (
+        [list(t) for t in trial_samples_ms]
+        if trial_samples_ms and isinstance(trial_samples_ms[0], (list, tuple))
+        else [list(trial_samples_ms)]
+    )
     trials = [t for t in trials if t]
     if not trials:
         raise ValueError("no samples to summarize")
@@ -204,8 +214,15 @@ def time_steps(
     return Timing(phases=phases, warmup_s=warmup_s, warmup_steps_run=warmup_run, first_step_s=first_step_s, state=recorded)
 
 
-def bench_stats(fn: Callable[[], object], device: torch.device, *, warmup_ms: float = 25, rep_ms: float = 100,
-                grad_to_none: Sequence[torch.Tensor] | None = None, trials: int | None = None) -> Stats:
+def bench_stats(
+    fn: Callable[[], object],
+    device: torch.device,
+    *,
+    warmup_ms: float = 25,
+    rep_ms: float = 100,
+    grad_to_none: Sequence[torch.Tensor] | None = None,
+    trials: int | None = None,
+) -> Stats:
     """Times of ``fn`` over ``trials`` runs of ``triton.testing.do_bench`` (L2 flushed between calls).
 
     Every call's time is kept (``return_mode="all"``), so n, the spread and the

@@ -13,8 +13,8 @@ place that knows which combinations are valid.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-from typing import Callable
+from collections.abc import Callable
+from functools import cache, lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -76,7 +76,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal:
 _EAGER: dict[str, AttentionFn] = {"softmax": softmax_attention, "relu": relu_attention}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _compiled(activation: str) -> AttentionFn:
     return torch.compile(_EAGER[activation])
 

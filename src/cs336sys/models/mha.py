@@ -21,10 +21,20 @@ is_valid = mha_is_valid
 
 
 class MultiHeadAttention(nn.Module):
-    def __init__(self, embed_dim: int, num_heads: int, variant: str = "exact-eager", kernel: str = "softmax", num_features: int | None = None, seed: int = 0):
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        variant: str = "exact-eager",
+        kernel: str = "softmax",
+        num_features: int | None = None,
+        seed: int = 0,
+    ):
         super().__init__()
         if not is_valid(variant, kernel):
-            raise ValueError(f"invalid mha variant × kernel {variant} × {kernel}; variants {VARIANTS}, kernels {KERNELS} (sdpa is softmax only)")
+            raise ValueError(
+                f"invalid mha variant × kernel {variant} × {kernel}; variants {VARIANTS}, kernels {KERNELS} (sdpa is softmax only)"
+            )
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
         self.num_heads, self.variant, self.kernel = num_heads, variant, kernel

@@ -140,14 +140,12 @@ class TransformerLM(nn.Module):
         self.context_length = context_length
         self.token_embeddings = Embedding(vocab_size, d_model, device, dtype)
         rope = RotaryEmbedding(context_length, d_model // num_heads, rope_theta, device)
-        self.layers = nn.ModuleList(
-            TransformerBlock(d_model, num_heads, d_ff, rope, attention, device, dtype) for _ in range(num_layers)
-        )
+        self.layers = nn.ModuleList(TransformerBlock(d_model, num_heads, d_ff, rope, attention, device, dtype) for _ in range(num_layers))
         self.ln_final = RMSNorm(d_model, device=device, dtype=dtype)
         self.lm_head = Linear(d_model, vocab_size, device, dtype)
 
     @classmethod
-    def from_size(cls, size: ModelSize, vocab_size: int, context_length: int, **kwargs) -> "TransformerLM":
+    def from_size(cls, size: ModelSize, vocab_size: int, context_length: int, **kwargs) -> TransformerLM:
         return cls(vocab_size, context_length, size.d_model, size.num_layers, size.num_heads, size.d_ff, **kwargs)
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:

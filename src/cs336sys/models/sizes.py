@@ -7,8 +7,9 @@ at run time.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 VOCAB_SIZE = 10_000  # the handout's benchmarking vocabulary
 BATCH_SIZE = 4  # the handout's benchmarking batch

@@ -33,6 +33,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "y
 
 # ----------------------------------------------------------------------------- tuning
 
+
 def _configs(kind: str) -> list[triton.Config]:
     """Candidates: BLOCK_M tiles queries, BLOCK_N keys. Each is tagged with the widest head it
     is tried for (wider ones spill registers) and with the operand width it is meant for (fp32
@@ -41,12 +42,29 @@ def _configs(kind: str) -> list[triton.Config]:
         bm, bn = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16)}[kind]
         return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=4, num_stages=1)]
     table = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages, d_max, for fp32), Hopper-leaning
-        "fwd": [(128, 64, 4, 3, 64, False), (128, 64, 8, 4, 64, False), (128, 64, 8, 3, 256, False),
-                (128, 128, 8, 3, 256, False), (64, 64, 4, 3, 256, False), (32, 32, 4, 2, 256, True)],
-        "dkdv": [(32, 64, 4, 3, 64, False), (32, 128, 4, 4, 64, False), (64, 64, 4, 3, 256, False),
-                 (64, 64, 8, 3, 256, False), (64, 128, 8, 2, 256, False), (32, 32, 4, 2, 256, True)],
-        "dq": [(64, 32, 4, 3, 256, False), (64, 64, 4, 3, 256, False), (64, 64, 8, 3, 256, False),
-               (128, 32, 8, 3, 256, False), (32, 32, 4, 2, 256, True)],
+        "fwd": [
+            (128, 64, 4, 3, 64, False),
+            (128, 64, 8, 4, 64, False),
+            (128, 64, 8, 3, 256, False),
+            (128, 128, 8, 3, 256, False),
+            (64, 64, 4, 3, 256, False),
+            (32, 32, 4, 2, 256, True),
+        ],
+        "dkdv": [
+            (32, 64, 4, 3, 64, False),
+            (32, 128, 4, 4, 64, False),
+            (64, 64, 4, 3, 256, False),
+            (64, 64, 8, 3, 256, False),
+            (64, 128, 8, 2, 256, False),
+            (32, 32, 4, 2, 256, True),
+        ],
+        "dq": [
+            (64, 32, 4, 3, 256, False),
+            (64, 64, 4, 3, 256, False),
+            (64, 64, 8, 3, 256, False),
+            (128, 32, 8, 3, 256, False),
+            (32, 32, 4, 2, 256, True),
+        ],
     }[kind]
     configs = []
     for bm, bn, w, s, d_max, fp32 in table:
@@ -59,8 +77,7 @@ def _prune(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
     fp32 = args["Q"].dtype == torch.float32
     limit = max(64, triton.next_power_of_2(args["N_CTX"]))  # longer tiles only add masked work
-    kept = [c for c in configs if c.fp32 == fp32 and args["HEAD_DIM"] <= c.d_max
-            and max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) <= limit]
+    kept = [c for c in configs if c.fp32 == fp32 and args["HEAD_DIM"] <= c.d_max and max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) <= limit]
     return kept or [c for c in configs if c.fp32 == fp32][-1:]
 
 
@@ -69,15 +86,19 @@ def _autotune(kind: str):
     # winner on disk beside the compiled kernels (TRITON_CACHE_DIR), so the next cell of the same
     # shape does not autotune again (15-28 s per cold cell measured on an H100)
     cache = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
-    return triton.autotune(configs=_configs(kind), key=["N_BUCKET", "HEAD_DIM", "IS_CAUSAL", "SOFTMAX"],
-                           prune_configs_by={"early_config_prune": _prune}, **cache)
+    return triton.autotune(
+        configs=_configs(kind),
+        key=["N_BUCKET", "HEAD_DIM", "IS_CAUSAL", "SOFTMAX"],
+        prune_configs_by={"early_config_prune": _prune},
+        **cache,
+    )
 
 
 # ----------------------------------------------------------------------------- helpers
 
+
 @triton.jit
-def _load_tile(PTR, rows, offs_d, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-               MASK_ROWS: tl.constexpr):
+def _load_tile(PTR, rows, offs_d, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_ROWS: tl.constexpr):
     """(len(rows), BLOCK_D) tile of a row-major (N_CTX, HEAD_DIM) matrix; padding reads 0."""
     ptrs = PTR + rows[:, None] * HEAD_DIM + offs_d[None, :]
     if MASK_ROWS:
@@ -97,11 +118,29 @@ def _store_tile(PTR, x, rows, offs_d, N_CTX, HEAD_DIM: tl.constexpr):
 
 # ----------------------------------------------------------------------------- forward
 
+
 @triton.jit
-def _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, offs_d, lo, hi, qk_scale, N_CTX,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                    IS_CAUSAL: tl.constexpr, SOFTMAX: tl.constexpr, MASKED: tl.constexpr,
-                    INPUT_PRECISION: tl.constexpr):
+def _attn_fwd_inner(
+    acc,
+    l_i,
+    m_i,
+    q,
+    K,
+    V,
+    offs_m,
+    offs_d,
+    lo,
+    hi,
+    qk_scale,
+    N_CTX,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    MASKED: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
     """Accumulate key tiles [lo, hi); MASKED tiles may cross the diagonal or the sequence end."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
@@ -141,10 +180,23 @@ def _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, offs_d, lo, hi, qk_scale, N_
 
 @_autotune("fwd")
 @triton.jit
-def _attn_fwd(Q, K, V, O, LSE, qk_scale, N_CTX, N_BUCKET,
-              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr,
-              SOFTMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _attn_fwd(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    qk_scale,
+    N_CTX,
+    N_BUCKET,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     tl.static_assert(BLOCK_M % BLOCK_N == 0)  # the diagonal stage starts on a key-tile boundary
     start_m = tl.program_id(0)
     off_bh = tl.program_id(1)
@@ -165,18 +217,93 @@ def _attn_fwd(Q, K, V, O, LSE, qk_scale, N_CTX, N_BUCKET,
         # stage 1: key tiles left of the diagonal, unmasked; stage 2: the diagonal, masked.
         # Key tiles right of the diagonal are fully masked and never visited.
         diag = start_m * BLOCK_M
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, offs_d, 0, diag, qk_scale, N_CTX,
-                                        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, False, INPUT_PRECISION)
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, offs_d, diag,
-                                        tl.minimum(diag + BLOCK_M, N_CTX), qk_scale, N_CTX,
-                                        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, True, INPUT_PRECISION)
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc,
+            l_i,
+            m_i,
+            q,
+            K,
+            V,
+            offs_m,
+            offs_d,
+            0,
+            diag,
+            qk_scale,
+            N_CTX,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_N,
+            IS_CAUSAL,
+            SOFTMAX,
+            False,
+            INPUT_PRECISION,
+        )
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc,
+            l_i,
+            m_i,
+            q,
+            K,
+            V,
+            offs_m,
+            offs_d,
+            diag,
+            tl.minimum(diag + BLOCK_M, N_CTX),
+            qk_scale,
+            N_CTX,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_N,
+            IS_CAUSAL,
+            SOFTMAX,
+            True,
+            INPUT_PRECISION,
+        )
     else:
         # full key tiles unmasked, then the ragged last tile (if any) masked
         n_full = N_CTX - N_CTX % BLOCK_N
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, offs_d, 0, n_full, qk_scale, N_CTX,
-                                        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, False, INPUT_PRECISION)
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, K, V, offs_m, offs_d, n_full, N_CTX, qk_scale, N_CTX,
-                                        HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, True, INPUT_PRECISION)
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc,
+            l_i,
+            m_i,
+            q,
+            K,
+            V,
+            offs_m,
+            offs_d,
+            0,
+            n_full,
+            qk_scale,
+            N_CTX,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_N,
+            IS_CAUSAL,
+            SOFTMAX,
+            False,
+            INPUT_PRECISION,
+        )
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc,
+            l_i,
+            m_i,
+            q,
+            K,
+            V,
+            offs_m,
+            offs_d,
+            n_full,
+            N_CTX,
+            qk_scale,
+            N_CTX,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_N,
+            IS_CAUSAL,
+            SOFTMAX,
+            True,
+            INPUT_PRECISION,
+        )
     # -- epilogue --
     if SOFTMAX:
         acc = acc / l_i[:, None]
@@ -189,9 +316,9 @@ def _attn_fwd(Q, K, V, O, LSE, qk_scale, N_CTX, N_BUCKET,
 
 # ----------------------------------------------------------------------------- backward
 
+
 @triton.jit
-def _attn_bwd_preprocess(O, DO, DELTA, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_M: tl.constexpr):
+def _attn_bwd_preprocess(O, DO, DELTA, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
     # D_i = rowsum(O ∘ dO)_i = Σ_j P_ij dP_ij, the softmax-Jacobian term of dS
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     off_bh = tl.program_id(1)
@@ -203,10 +330,29 @@ def _attn_bwd_preprocess(O, DO, DELTA, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_D: t
 
 
 @triton.jit
-def _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, offs_d, lo, hi, qk_scale, N_CTX,
-                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                         IS_CAUSAL: tl.constexpr, SOFTMAX: tl.constexpr, MASKED: tl.constexpr,
-                         INPUT_PRECISION: tl.constexpr):
+def _attn_bwd_dkdv_inner(
+    dk,
+    dv,
+    k,
+    v,
+    Q,
+    DO,
+    LSE,
+    DELTA,
+    offs_n,
+    offs_d,
+    lo,
+    hi,
+    qk_scale,
+    N_CTX,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    MASKED: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
     """Accumulate dK, dV of one key tile over query tiles [lo, hi), working on transposes."""
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -247,10 +393,26 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, offs_d, lo, hi
 
 @_autotune("dkdv")
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale, N_CTX, N_BUCKET,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                   SOFTMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _attn_bwd_dkdv(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    sm_scale,
+    N_CTX,
+    N_BUCKET,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     tl.static_assert(BLOCK_N % BLOCK_M == 0)  # query tiles start on the key tile's diagonal
     start_n = tl.program_id(0) * BLOCK_N  # first key tiles see the most queries: launched first
     off_bh = tl.program_id(1)
@@ -275,22 +437,122 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale, N_CTX, N_BUCKET,
         # query tiles above the diagonal see none of these keys: start at it, masked; then the
         # query tiles below it, unmasked; then the ragged last query tile, masked
         mid = start_n + BLOCK_N
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, offs_d, start_n,
-                                      tl.minimum(mid, N_CTX), qk_scale, N_CTX, HEAD_DIM, BLOCK_D, BLOCK_M,
-                                      IS_CAUSAL, SOFTMAX, True, INPUT_PRECISION)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, offs_d, mid, m_full,
-                                      qk_scale, N_CTX, HEAD_DIM, BLOCK_D, BLOCK_M,
-                                      IS_CAUSAL, SOFTMAX, False, INPUT_PRECISION)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, offs_d,
-                                      tl.maximum(mid, m_full), N_CTX, qk_scale, N_CTX, HEAD_DIM, BLOCK_D,
-                                      BLOCK_M, IS_CAUSAL, SOFTMAX, True, INPUT_PRECISION)
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            Q,
+            DO,
+            LSE,
+            DELTA,
+            offs_n,
+            offs_d,
+            start_n,
+            tl.minimum(mid, N_CTX),
+            qk_scale,
+            N_CTX,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_M,
+            IS_CAUSAL,
+            SOFTMAX,
+            True,
+            INPUT_PRECISION,
+        )
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            Q,
+            DO,
+            LSE,
+            DELTA,
+            offs_n,
+            offs_d,
+            mid,
+            m_full,
+            qk_scale,
+            N_CTX,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_M,
+            IS_CAUSAL,
+            SOFTMAX,
+            False,
+            INPUT_PRECISION,
+        )
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            Q,
+            DO,
+            LSE,
+            DELTA,
+            offs_n,
+            offs_d,
+            tl.maximum(mid, m_full),
+            N_CTX,
+            qk_scale,
+            N_CTX,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_M,
+            IS_CAUSAL,
+            SOFTMAX,
+            True,
+            INPUT_PRECISION,
+        )
     else:
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, offs_d, 0, m_full,
-                                      qk_scale, N_CTX, HEAD_DIM, BLOCK_D, BLOCK_M,
-                                      IS_CAUSAL, SOFTMAX, False, INPUT_PRECISION)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, offs_d, m_full, N_CTX,
-                                      qk_scale, N_CTX, HEAD_DIM, BLOCK_D, BLOCK_M,
-                                      IS_CAUSAL, SOFTMAX, True, INPUT_PRECISION)
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            Q,
+            DO,
+            LSE,
+            DELTA,
+            offs_n,
+            offs_d,
+            0,
+            m_full,
+            qk_scale,
+            N_CTX,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_M,
+            IS_CAUSAL,
+            SOFTMAX,
+            False,
+            INPUT_PRECISION,
+        )
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            Q,
+            DO,
+            LSE,
+            DELTA,
+            offs_n,
+            offs_d,
+            m_full,
+            N_CTX,
+            qk_scale,
+            N_CTX,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_M,
+            IS_CAUSAL,
+            SOFTMAX,
+            True,
+            INPUT_PRECISION,
+        )
     if SOFTMAX:
         dk = dk * sm_scale  # S was scaled by 1/√d in the forward
     else:
@@ -301,10 +563,28 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale, N_CTX, N_BUCKET,
 
 
 @triton.jit
-def _attn_bwd_dq_inner(dq, q, do, lse2, delta, K, V, offs_m, offs_d, lo, hi, qk_scale, N_CTX,
-                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                       IS_CAUSAL: tl.constexpr, SOFTMAX: tl.constexpr, MASKED: tl.constexpr,
-                       INPUT_PRECISION: tl.constexpr):
+def _attn_bwd_dq_inner(
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    K,
+    V,
+    offs_m,
+    offs_d,
+    lo,
+    hi,
+    qk_scale,
+    N_CTX,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    MASKED: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
     """Accumulate dQ of one query tile over key tiles [lo, hi)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
@@ -336,10 +616,25 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, K, V, offs_m, offs_d, lo, hi, qk_
 
 @_autotune("dq")
 @triton.jit
-def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sm_scale, N_CTX, N_BUCKET,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr,
-                 SOFTMAX: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _attn_bwd_dq(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    sm_scale,
+    N_CTX,
+    N_BUCKET,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     tl.static_assert(BLOCK_M % BLOCK_N == 0)  # the diagonal stage starts on a key-tile boundary
     start_m = tl.program_id(0)
     off_bh = tl.program_id(1)
@@ -366,17 +661,96 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sm_scale, N_CTX, N_BUCKET,
     qk_scale = sm_scale * 1.4426950408889634  # 1/ln(2)
     if IS_CAUSAL:
         diag = start_m * BLOCK_M
-        dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, K, V, offs_m, offs_d, 0, diag, qk_scale, N_CTX,
-                                HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, False, INPUT_PRECISION)
-        dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, K, V, offs_m, offs_d, diag,
-                                tl.minimum(diag + BLOCK_M, N_CTX), qk_scale, N_CTX,
-                                HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, True, INPUT_PRECISION)
+        dq = _attn_bwd_dq_inner(
+            dq,
+            q,
+            do,
+            lse2,
+            delta,
+            K,
+            V,
+            offs_m,
+            offs_d,
+            0,
+            diag,
+            qk_scale,
+            N_CTX,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_N,
+            IS_CAUSAL,
+            SOFTMAX,
+            False,
+            INPUT_PRECISION,
+        )
+        dq = _attn_bwd_dq_inner(
+            dq,
+            q,
+            do,
+            lse2,
+            delta,
+            K,
+            V,
+            offs_m,
+            offs_d,
+            diag,
+            tl.minimum(diag + BLOCK_M, N_CTX),
+            qk_scale,
+            N_CTX,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_N,
+            IS_CAUSAL,
+            SOFTMAX,
+            True,
+            INPUT_PRECISION,
+        )
     else:
         n_full = N_CTX - N_CTX % BLOCK_N
-        dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, K, V, offs_m, offs_d, 0, n_full, qk_scale, N_CTX,
-                                HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, False, INPUT_PRECISION)
-        dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, K, V, offs_m, offs_d, n_full, N_CTX, qk_scale,
-                                N_CTX, HEAD_DIM, BLOCK_D, BLOCK_N, IS_CAUSAL, SOFTMAX, True, INPUT_PRECISION)
+        dq = _attn_bwd_dq_inner(
+            dq,
+            q,
+            do,
+            lse2,
+            delta,
+            K,
+            V,
+            offs_m,
+            offs_d,
+            0,
+            n_full,
+            qk_scale,
+            N_CTX,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_N,
+            IS_CAUSAL,
+            SOFTMAX,
+            False,
+            INPUT_PRECISION,
+        )
+        dq = _attn_bwd_dq_inner(
+            dq,
+            q,
+            do,
+            lse2,
+            delta,
+            K,
+            V,
+            offs_m,
+            offs_d,
+            n_full,
+            N_CTX,
+            qk_scale,
+            N_CTX,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_N,
+            IS_CAUSAL,
+            SOFTMAX,
+            True,
+            INPUT_PRECISION,
+        )
     if SOFTMAX:
         dq = dq * sm_scale
     else:
@@ -385,6 +759,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sm_scale, N_CTX, N_BUCKET,
 
 
 # ----------------------------------------------------------------------------- launchers
+
 
 def _as_bhnd(x: torch.Tensor) -> torch.Tensor:
     """(batch, heads, seq, d) contiguous; a 3-d (batch, seq, d) input gets heads = 1."""
@@ -409,8 +784,13 @@ def _kernel_args(q: torch.Tensor) -> dict:
     # fp32 dots follow torch.matmul's switch: plain TF32 only where the user allowed it, else
     # TF32x3 (three TF32 products, ~fp32 accuracy, still on tensor cores); ignored for bf16/fp16
     tf32 = q.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32
-    return dict(N_CTX=n, N_BUCKET=triton.next_power_of_2(n), HEAD_DIM=d,
-                BLOCK_D=max(16, triton.next_power_of_2(d)), INPUT_PRECISION="tf32" if tf32 else "tf32x3")
+    return dict(
+        N_CTX=n,
+        N_BUCKET=triton.next_power_of_2(n),
+        HEAD_DIM=d,
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        INPUT_PRECISION="tf32" if tf32 else "tf32x3",
+    )
 
 
 def _forward(q, k, v, is_causal: bool, softmax: bool):
@@ -437,7 +817,8 @@ def _backward(do, q, k, v, o, lse, is_causal: bool, softmax: bool):
         delta = torch.empty_like(lse)
         pre_block = 64
         _attn_bwd_preprocess[(triton.cdiv(n, pre_block), batch * heads)](
-            o, do, delta, n, HEAD_DIM=d, BLOCK_D=args["BLOCK_D"], BLOCK_M=pre_block)
+            o, do, delta, n, HEAD_DIM=d, BLOCK_D=args["BLOCK_D"], BLOCK_M=pre_block
+        )
     else:
         lse = delta = do  # placeholders: relu reads no row statistics
 
@@ -447,8 +828,7 @@ def _backward(do, q, k, v, o, lse, is_causal: bool, softmax: bool):
     def grid_m(meta):
         return (triton.cdiv(n, meta["BLOCK_M"]), batch * heads)
 
-    _attn_bwd_dkdv[grid_n](q, k, v, do, lse, delta, dk, dv, sm_scale, **args,
-                           IS_CAUSAL=is_causal, SOFTMAX=softmax)
+    _attn_bwd_dkdv[grid_n](q, k, v, do, lse, delta, dk, dv, sm_scale, **args, IS_CAUSAL=is_causal, SOFTMAX=softmax)
     _attn_bwd_dq[grid_m](q, k, v, do, lse, delta, dq, sm_scale, **args, IS_CAUSAL=is_causal, SOFTMAX=softmax)
     return dq, dk, dv
 
@@ -477,6 +857,7 @@ class _FusedAttention(torch.autograd.Function):
 # torch.compile graph-breaks around these calls instead of tracing into the launchers (Dynamo cannot
 # trace the Triton interpreter, and autotuner pruning is outside its user-kernel support).
 
+
 @torch.compiler.disable
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
     """softmax(q kᵀ/√d) v with FlashAttention-2 kernels, forward and backward in Triton."""
@@ -484,8 +865,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
 
 
 @torch.compiler.disable
-def flash_attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def flash_attention_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward only: (O, L), L the natural-log logsumexp of the scaled scores, fp32, q.shape[:-1]."""
     _check(q, k, v)
     with torch.no_grad():

@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
+from cs336sys.pipeline.faults import FAULT_ENV
 from cs336sys.pipeline.rows import Skip
 
-from cs336sys.pipeline.faults import FAULT_ENV
 OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 

@@ -9,8 +9,9 @@ and the report all see the same complete settings.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import jsonschema
 import yaml
@@ -128,13 +129,19 @@ def validate_semantics(config: Mapping[str, Any]) -> None:
 
     problems = [f"config key {_path(p)!r}: {v} is not a finite number" for p, v in _numbers(dict(config)) if not math.isfinite(v)]
     extra = config.get("extra_sizes") or {}
-    problems += [f"config key 'extra_sizes.{name}': {name!r} is a built-in size; give the extra size another name" for name in extra if name in MODEL_SIZES]
+    problems += [
+        f"config key 'extra_sizes.{name}': {name!r} is a built-in size; give the extra size another name"
+        for name in extra
+        if name in MODEL_SIZES
+    ]
     sizes = known_sizes({k: v for k, v in extra.items() if k not in MODEL_SIZES})
     for name, size in sizes.items():
         if size.d_model % size.num_heads:
             problems.append(f"config key 'extra_sizes.{name}': d_model {size.d_model} is not divisible by num_heads {size.num_heads}")
         elif (size.d_model // size.num_heads) % 2:
-            problems.append(f"config key 'extra_sizes.{name}': head dimension d_model/num_heads = {size.d_model // size.num_heads} is odd; RoPE needs it even")
+            problems.append(
+                f"config key 'extra_sizes.{name}': head dimension d_model/num_heads = {size.d_model // size.num_heads} is odd; RoPE needs it even"
+            )
     for study in config.get("studies", []):
         grid = (config.get(study) or {}).get("grid") or {}
         for name in grid.get("size", []):

@@ -23,9 +23,9 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
 
 DEFAULT_LOCK_DIR = "/tmp/cs336sys-gpu-locks"
 
@@ -89,8 +89,7 @@ def _holder(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def acquire_gpu(gpus: Sequence[GpuId] | None = None, *, timeout_s: float | None = None,
-                poll_s: float = 0.2) -> Iterator[GpuLease]:
+def acquire_gpu(gpus: Sequence[GpuId] | None = None, *, timeout_s: float | None = None, poll_s: float = 0.2) -> Iterator[GpuLease]:
     """Hold one of ``gpus`` (default: ``visible_gpus()``) exclusively for the block.
 
     Tries each GPU in order without blocking, then sleeps ``poll_s`` and tries again;
@@ -124,8 +123,12 @@ def acquire_gpu(gpus: Sequence[GpuId] | None = None, *, timeout_s: float | None 
         for fd in fds.values():
             if lease is None or fd != lease._fd:
                 os.close(fd)
-    record = {"pid": os.getpid(), "host": socket.gethostname(),
-              "start": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "waited_s": round(lease.waited_s, 3)}
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "start": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "waited_s": round(lease.waited_s, 3),
+    }
     with contextlib.suppress(OSError):  # a read-only fd (another user's file): no record
         os.ftruncate(lease._fd, 0)
         os.pwrite(lease._fd, (json.dumps(record) + "\n").encode(), 0)
@@ -165,8 +168,7 @@ def _nvml_gpus() -> list[GpuId] | None:
         return None
     try:
         pynvml.nvmlInit()
-        return [GpuId(i, str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))))
-                for i in range(pynvml.nvmlDeviceGetCount())]
+        return [GpuId(i, str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))) for i in range(pynvml.nvmlDeviceGetCount())]
     except (pynvml.NVMLError, OSError):
         return None
     finally:
@@ -176,8 +178,7 @@ def _nvml_gpus() -> list[GpuId] | None:
 
 def _smi_gpus() -> list[GpuId] | None:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
@@ -213,8 +214,11 @@ def pin_environment(lease: GpuLease) -> dict[str, str]:
     CS336SYS_GPU_INDEX is the NVML index, for gpu_state() in the child.
     """
     real = lease.uuid.startswith(("GPU-", "MIG-"))
-    return {"CUDA_VISIBLE_DEVICES": lease.uuid if real else str(lease.index),
-            "CS336SYS_GPU_INDEX": str(lease.index), "CS336SYS_GPU_UUID": lease.uuid}
+    return {
+        "CUDA_VISIBLE_DEVICES": lease.uuid if real else str(lease.index),
+        "CS336SYS_GPU_INDEX": str(lease.index),
+        "CS336SYS_GPU_UUID": lease.uuid,
+    }
 
 
 def lease_columns(lease: GpuLease) -> dict[str, object]:

@@ -6,8 +6,8 @@ import contextlib
 import os
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 @contextlib.contextmanager

@@ -121,7 +121,7 @@ def _group_members(pgid: int) -> list[int] | None:
         except OSError:
             continue  # exited meanwhile
         # fields after "(comm)": state ppid pgrp ...; comm may contain spaces and ')'
-        state, _ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]
+        state, _ppid, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]
         if int(pgrp) == pgid and state not in ("Z", "X"):
             members.append(int(entry.name))
     return members

@@ -14,8 +14,8 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 PACKAGE = "cs336sys"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ def module_file(module: str) -> Path | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _imports(module: str) -> tuple[str, ...]:
     """The ``cs336sys`` modules that ``module``'s source imports anywhere in its body."""
     path = module_file(module)

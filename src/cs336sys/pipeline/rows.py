@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import enum
 import os
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 

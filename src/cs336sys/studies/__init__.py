@@ -15,8 +15,9 @@ from __future__ import annotations
 import importlib
 import itertools
 import pkgutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 Axes = dict[str, Any]
 # Section keys that shape the grid or the job, not the measurement.
@@ -114,9 +115,9 @@ def measure_kwargs(name: str, axes: Axes, config: Mapping[str, Any]) -> dict[str
 def cell_settings(name: str, axes: Axes, config: Mapping[str, Any], artifact_dir: str | None = None) -> dict[str, Any]:
     """What a cell measures (the fields of ``pipeline.cells.Cell`` but its time limit).
 
-These are the cell job's Snakemake params, so any change reruns the cell; the
-time limit travels as a resource instead, and changing it reruns nothing.
-"""
+    These are the cell job's Snakemake params, so any change reruns the cell; the
+    time limit travels as a resource instead, and changing it reruns nothing.
+    """
     s = study(name)
     kwargs = measure_kwargs(name, axes, config)
     if s.artifacts:

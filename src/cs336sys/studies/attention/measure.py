@@ -7,7 +7,8 @@ between them is recorded: what the core keeps for backward.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 

@@ -9,7 +9,8 @@ also records the share of its step the GPU was busy (``gpu_busy_frac``).
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 

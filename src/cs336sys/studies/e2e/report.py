@@ -90,20 +90,28 @@ def figures(df: pd.DataFrame, run: str) -> list:
 
 
 def findings(df: pd.DataFrame) -> str:
-    parts = ["Every ratio below carries a 95% interval (interval arithmetic on the two medians' intervals); where the "
-             "two intervals overlap it reads *no significant difference* instead of a finding."]
+    parts = [
+        "Every ratio below carries a 95% interval (interval arithmetic on the two medians' intervals); where the "
+        "two intervals overlap it reads *no significant difference* instead of a finding."
+    ]
     parts += ["**Backward / forward ratio** (training step):", md_table(backward_forward_ratio(df), ".3g")]
     parts += ["**bf16 speedup** (fp32 / bf16, whole steps):", md_table(bf16_speedup(df), ".3g")]
     if df["impl"].nunique() > 1:
         parts += ["**SDPA speedup** (eager / sdpa attention, whole steps):", md_table(sdpa_speedup(df), ".3g")]
     if "cuda_graphs" in df and df["cuda_graphs"].nunique() > 1:
-        parts += ["**CUDA-graph speedup** (eager launches / one replayed graph, whole steps; the graph's training step uses "
-                  "fused capturable AdamW, the eager one the configured optimizer):", md_table(graph_speedup(df), ".3g")]
+        parts += [
+            "**CUDA-graph speedup** (eager launches / one replayed graph, whole steps; the graph's training step uses "
+            "fused capturable AdamW, the eager one the configured optimizer):",
+            md_table(graph_speedup(df), ".3g"),
+        ]
     flagged = trust(df)
     if not flagged.empty:
-        parts += ["**Cells to read with care** — `noisy`: the interval is wider than the configured share of the median; "
-                  "`host_bound`: the GPU idled for part of the step, so the number measures Python and the CPU as much "
-                  "as the GPU and moves with host load:", md_table(flagged, ".3g")]
+        parts += [
+            "**Cells to read with care** — `noisy`: the interval is wider than the configured share of the median; "
+            "`host_bound`: the GPU idled for part of the step, so the number measures Python and the CPU as much "
+            "as the GPU and moves with host load:",
+            md_table(flagged, ".3g"),
+        ]
     steps = ok_rows(df, mode="train", phase="step")
     if "mfu_pct" in steps and steps["mfu_pct"].notna().any():
         parts += ["**Training-step TFLOP/s and MFU:**", md_table(steps[LM_KEYS + ["tflops", "mfu_pct"]], ".3g")]

@@ -1,6 +1,7 @@
 """Study ``flash``: fused attention kernels vs SDPA's backends and eager PyTorch (handout §1.3 flash_benchmarking)."""
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from cs336sys.studies import Axes, Study
 

@@ -7,8 +7,9 @@ cell ``skipped`` with SDPA's reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -16,9 +17,9 @@ from cs336sys.measure import memory
 from cs336sys.measure.flops import attention_core_flops, phase_flops
 from cs336sys.measure.timing import bench_stats
 from cs336sys.models.attention import get_attention
+from cs336sys.models.dtypes import set_matmul_precision
 from cs336sys.models.variants import FLASH_IMPLS
 from cs336sys.pipeline.rows import Skip
-from cs336sys.models.dtypes import set_matmul_precision
 from cs336sys.studies.attention.measure import core, qkv
 
 

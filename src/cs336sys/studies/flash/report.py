@@ -21,7 +21,9 @@ def plot_flash(df: pd.DataFrame, path: Path, run: str, precision: str, heads: in
     for i, phase in enumerate(PHASES):
         for j, d in enumerate(dims):
             part = data[data["head_dim"] == d]
-            draw_lines(axes[i][j], ok_cells(part, phase=phase), "seq_len", "tflops", ["impl"], failed=failed_cells(part, mode="train"), logx=True)
+            draw_lines(
+                axes[i][j], ok_cells(part, phase=phase), "seq_len", "tflops", ["impl"], failed=failed_cells(part, mode="train"), logx=True
+            )
             axes[i][j].set_title(f"{phase}, d={d}")
     title(fig, run, data, f"fused attention TFLOP/s, {precision}, heads={heads}, causal")
     return save(fig, path)

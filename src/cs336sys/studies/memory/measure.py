@@ -9,8 +9,9 @@ stays beside the cell CSV (``snapshot_path``), out of git.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd

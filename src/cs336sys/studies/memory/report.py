@@ -12,6 +12,7 @@ from cs336sys.analysis.plots import device_of, draw_lines, failed_cells, ok_cell
 from cs336sys.analysis.tables import OK, of_kind
 from cs336sys.studies import study
 
+
 def memory_summary(mem: pd.DataFrame) -> pd.DataFrame:
     rows = of_kind(mem, "summary")
     if rows.empty:
@@ -26,6 +27,7 @@ def largest_allocations(mem: pd.DataFrame, top: int = 5) -> pd.DataFrame:
     rows = of_kind(mem, "allocation")
     rows = rows[rows["rank"] <= top]
     return rows[["cell_id", "rank", "size_mib", "frames"]].reset_index(drop=True)
+
 
 def plot_memory_timeline(df: pd.DataFrame, path: Path, run: str, cell: str) -> Path:
     from cs336sys.measure.memory_snapshot import plot_timeline
@@ -44,7 +46,6 @@ def plot_memory_peaks(df: pd.DataFrame, path: Path, run: str) -> Path:
     ax.set_ylabel("peak allocated (MiB)")
     title(fig, run, df, "peak memory")
     return save(fig, path)
-
 
 
 def figures(df: pd.DataFrame, run: str) -> list:

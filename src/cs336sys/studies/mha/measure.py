@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -56,6 +57,12 @@ def measure(
         timing = time_steps(step, warmup=warmup_steps, steps=measure_steps, device=device)
         peak = memory.peak_allocated_bytes(device)
         busy = gpu_busy_share(step, device)
-        extra = {"mode": mode, **common, "peak_mem_bytes": peak, "gpu_busy_frac": busy, "gpu_busy_note": "" if busy is not None else NO_CUDA}
+        extra = {
+            "mode": mode,
+            **common,
+            "peak_mem_bytes": peak,
+            "gpu_busy_frac": busy,
+            "gpu_busy_note": "" if busy is not None else NO_CUDA,
+        }
         yield from timing_rows(timing, phase_flops(fwd, mode), extra)
         memory.release(device)

@@ -10,7 +10,11 @@ from cs336sys.analysis.findings import oom_frontier, scaling_slopes
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.plots import draw_lines, failed_cells, ok_cells, plt, save, title
 
-METRICS = {"forward_ms": ("inference", "forward", "median_ms"), "backward_ms": ("train", "backward", "median_ms"), "peak_mem": ("train", "step", "peak_mem_bytes")}
+METRICS = {
+    "forward_ms": ("inference", "forward", "median_ms"),
+    "backward_ms": ("train", "backward", "median_ms"),
+    "peak_mem": ("train", "step", "peak_mem_bytes"),
+}
 GROUPS = ["variant", "kernel", "num_features", "embed_dim", "num_heads"]
 
 
@@ -27,7 +31,16 @@ def plot_grid(df: pd.DataFrame, path: Path, run: str, embed: int, kernel: str, m
             panel = data[(data["num_heads"] == h) & ((data["num_features"] == m) | (data["variant"] != "performer"))]
             ok = ok_cells(panel, mode=mode, phase=phase)
             if column in ok and ok[column].notna().any():
-                draw_lines(ax, ok.dropna(subset=[column]), "seq_len", column, ["variant"], failed=failed_cells(panel, mode=mode), logx=True, logy=True)
+                draw_lines(
+                    ax,
+                    ok.dropna(subset=[column]),
+                    "seq_len",
+                    column,
+                    ["variant"],
+                    failed=failed_cells(panel, mode=mode),
+                    logx=True,
+                    logy=True,
+                )
             else:
                 ax.text(0.5, 0.5, f"{column}: not measured here", ha="center", va="center", transform=ax.transAxes)
             ax.set_title(f"heads={h}, m={m}")

@@ -55,10 +55,7 @@ def accumulation_table() -> pd.DataFrame:
     for case, acc, summand, cast in ACCUMULATION_CASES:
         result = accumulate(acc, summand, cast)
         summand_name = f"{_name(summand)} cast to {_name(acc)}" if cast else _name(summand)
-        rows.append(
-            dict(case=case, accumulator=_name(acc), summand=summand_name, result=result,
-                 abs_error=abs(result - EXACT_SUM))
-        )
+        rows.append(dict(case=case, accumulator=_name(acc), summand=summand_name, result=result, abs_error=abs(result - EXACT_SUM)))
     return pd.DataFrame(rows, columns=["case", "accumulator", "summand", "result", "abs_error"])
 
 
@@ -93,13 +90,10 @@ def autocast_dtypes(device: str, dtype: torch.dtype) -> pd.DataFrame:
     run with this dtype on this device, every row has an empty dtype and the reason
     in `note` (torch would otherwise silently run in fp32).
     """
+
     def table(dtypes: dict[str, str | None], note: str = "") -> pd.DataFrame:
         return pd.DataFrame(
-            [
-                dict(device=device, autocast_dtype=_name(dtype), quantity=q,
-                     dtype=dtypes.get(q), note=note)
-                for q in QUANTITIES
-            ]
+            [dict(device=device, autocast_dtype=_name(dtype), quantity=q, dtype=dtypes.get(q), note=note) for q in QUANTITIES]
         )
 
     if device == "cuda" and not torch.cuda.is_available():
@@ -113,6 +107,7 @@ def autocast_dtypes(device: str, dtype: torch.dtype) -> pd.DataFrame:
     def record(quantity: str):
         def hook(module, inputs, output) -> None:
             seen[quantity] = _name(output.dtype)
+
         return hook
 
     # hooks read the modules' outputs without changing the handout's forward
@@ -128,8 +123,7 @@ def autocast_dtypes(device: str, dtype: torch.dtype) -> pd.DataFrame:
                 if not torch.is_autocast_enabled(device):
                     # one line: the note lands in markdown tables
                     reason = " ".join(" ".join(str(w.message).split()) for w in caught)
-                    return table({}, f"autocast to {_name(dtype)} unsupported on {device}: "
-                                     f"{reason or 'autocast disabled'}")
+                    return table({}, f"autocast to {_name(dtype)} unsupported on {device}: {reason or 'autocast disabled'}")
                 logits = model(x)
                 loss = nn.functional.cross_entropy(logits, target)
         loss.backward()  # outside autocast, as recommended; grads follow the params' dtype

@@ -11,16 +11,18 @@ from cs336sys.analysis.plots import ok_cells, plt, save, title
 from cs336sys.analysis.tables import ok_rows
 from cs336sys.pipeline.rows import ENV_COLUMNS
 
+
 def plot_accumulation(df: pd.DataFrame, path: Path, run: str) -> Path:
     data = ok_cells(df, kind="accumulation")
     fig, ax = plt.subplots(figsize=(6, 3))
-    labels = [f"{a} += {s}" + (" (cast)" if "cast" in str(c) else "") for a, s, c in zip(data["accumulator"], data["summand"], data["case"])]
+    labels = [
+        f"{a} += {s}" + (" (cast)" if "cast" in str(c) else "") for a, s, c in zip(data["accumulator"], data["summand"], data["case"])
+    ]
     ax.barh(labels, data["abs_error"].clip(lower=1e-9))
     ax.set_xscale("log")
     ax.set_xlabel("|sum − 10| after adding 0.01 a thousand times")
     title(fig, run, df, "accumulation error by dtype")
     return save(fig, path)
-
 
 
 def figures(df: pd.DataFrame, run: str) -> list:

@@ -8,8 +8,9 @@ matmul ranges). The trace is written beside the cell CSV, out of git.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -44,13 +45,34 @@ def measure(
         context["mode"] = mode
         timing = time_steps(step, warmup=warmup_steps, steps=measure_steps, device=device)
         for phase, stats in timing.phases.items():
-            yield {"kind": "timing", "mode": mode, "phase": phase, **stats.as_row(), "profiled_steps": profile_steps, "device_kind": device_kind}
+            yield {
+                "kind": "timing",
+                "mode": mode,
+                "phase": phase,
+                **stats.as_row(),
+                "profiled_steps": profile_steps,
+                "device_kind": device_kind,
+            }
         trace = str(Path(artifact_dir) / f"{cell_id}_{mode}.json.gz") if artifact_dir else None
         prof = profiling.profile_steps(lambda: step(StepClock(device)), steps=profile_steps, device=device.type, trace_path=trace)
         ranges, kernels = profiling.events_from_profiler(prof)
         for rec in profiling.attribute_kernels(ranges, kernels).to_dict("records"):
-            yield {"kind": "kernel", "mode": mode, **rec, "profiled_steps": profile_steps, "trace_path": trace or "", "device_kind": device_kind}
+            yield {
+                "kind": "kernel",
+                "mode": mode,
+                **rec,
+                "profiled_steps": profile_steps,
+                "trace_path": trace or "",
+                "device_kind": device_kind,
+            }
         for rec in profiling.attention_subrange_table(ranges, kernels).to_dict("records"):
-            yield {"kind": "subrange", "mode": mode, "phase": rec.pop("range"), **rec, "profiled_steps": profile_steps, "device_kind": device_kind}
+            yield {
+                "kind": "subrange",
+                "mode": mode,
+                "phase": rec.pop("range"),
+                **rec,
+                "profiled_steps": profile_steps,
+                "device_kind": device_kind,
+            }
         del prof
         memory.release(device)

@@ -11,6 +11,7 @@ from cs336sys.analysis.plots import plt, save, title
 from cs336sys.analysis.tables import OK, of_kind
 from cs336sys.measure.profiling import MATMUL_PATTERN
 
+
 def profile_answers(prof: pd.DataFrame) -> pd.DataFrame:
     """Per profile cell, the handout's nsys_profile answers, from the kernel table."""
     rows = []
@@ -58,7 +59,6 @@ def non_matmul_kernels(prof: pd.DataFrame, min_share: float = 0.01) -> pd.DataFr
     return out.sort_values(["cell_id", "phase", "share_of_phase"], ascending=[True, True, False])
 
 
-
 def plot_kernel_shares(df: pd.DataFrame, path: Path, run: str, cell: str, top: int = 12) -> Path:
     """Top kernels by share of each phase's device time, for one profile cell."""
     data = df[(df["cell_id"] == cell) & (df["kind"] == "kernel")]
@@ -74,7 +74,6 @@ def plot_kernel_shares(df: pd.DataFrame, path: Path, run: str, cell: str, top: i
     return save(fig, path)
 
 
-
 def figures(df: pd.DataFrame, run: str) -> list:
     cells = sorted(df.loc[df["status"] == OK, "cell_id"].unique()) if "kind" in df else []
     return [(f"kernels_{c}", lambda p, c=c: plot_kernel_shares(df, p, run, c)) for c in cells]
@@ -85,7 +84,7 @@ def findings(df: pd.DataFrame) -> str:
     cpu = answers["profiler"].str.startswith("cpu").any() if "profiler" in answers else False
     parts = []
     if cpu:
-        parts.append("_This run profiled CPU activities only (no CUDA): \"kernels\" are CPU operators with their self time._")
+        parts.append('_This run profiled CPU activities only (no CUDA): "kernels" are CPU operators with their self time._')
     parts += [
         "**Answers per cell** — forward time from the profiler (kernel time in the `forward` range per step) beside the "
         "harness's median for the same cell; the kernel with the most forward time and how often it runs per forward; "

@@ -8,8 +8,8 @@ import pandas as pd
 
 from cs336sys.analysis.findings import paired_ratios
 from cs336sys.analysis.markdown import md_table
-from cs336sys.analysis.tables import ok_rows
 from cs336sys.analysis.plots import draw_lines, failed_cells, ok_cells, plt, save, title
+from cs336sys.analysis.tables import ok_rows
 from cs336sys.studies.e2e.report import PANELS
 
 
