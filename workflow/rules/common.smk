@@ -51,6 +51,7 @@ wildcard_constraints:
 
 localrules:
     all,
+    snapshot,
     merge,
     plots,
     report,
@@ -71,6 +72,10 @@ def study_csv(study="{study}"):
 
 def figure_dir(study="{study}"):
     return f"report/{RUN}/figures/{study}"
+
+
+def config_snapshot():
+    return f"results/{RUN}/config.yaml"
 
 
 def report_md():
@@ -98,7 +103,7 @@ if NSYS and shutil.which("nsys") is None:
 
 def final_outputs():
     nsys = expand(nsys_rep(), cell=GRIDS["profile"]) if NSYS else []
-    return [report_md()] + [study_csv(s) for s in STUDIES] + [figure_dir(s) for s in STUDIES] + nsys
+    return [report_md(), config_snapshot()] + [study_csv(s) for s in STUDIES] + [figure_dir(s) for s in STUDIES] + nsys
 
 
 # --- input and params functions -------------------------------------------------------------

@@ -43,10 +43,24 @@ rule plots:
         "../scripts/plot.py"
 
 
+# The run's own settings, validated and with every default: its report is written from this
+# file, not from whatever config.yaml says later.
+rule snapshot:
+    output:
+        config_snapshot(),
+    params:
+        config=config,
+    log:
+        f"logs/{RUN}/snapshot.log",
+    script:
+        "../scripts/snapshot.py"
+
+
 rule report:
     input:
         csvs=expand(study_csv("{s}"), s=STUDIES),
         figures=expand(figure_dir("{s}"), s=STUDIES),
+        snapshot=config_snapshot(),
     output:
         report(report_md(), caption="../report/report.rst", category="Report", labels={"file": "report.md"}),
     log:
@@ -54,7 +68,6 @@ rule report:
     params:
         run=RUN,
         studies=STUDIES,
-        config=config,
         code=REPORT_CODE,
         script=SCRIPT_HASH["report.py"],
     script:

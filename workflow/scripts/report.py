@@ -7,6 +7,7 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1] / "src")) 
 
 from cs336sys.pipeline.jobs import log_to
 from cs336sys.analysis.report import write_report
+from cs336sys.pipeline.config import load_yaml
 
 with log_to(snakemake.log[0]):
     write_report(
@@ -15,5 +16,5 @@ with log_to(snakemake.log[0]):
         studies=snakemake.params.studies,
         csvs=[Path(p) for p in snakemake.input.csvs],
         figure_dirs=[Path(p) for p in snakemake.input.figures],
-        config=snakemake.params.config,
+        config=load_yaml(snakemake.input.snapshot),
     )

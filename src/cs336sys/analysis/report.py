@@ -107,9 +107,25 @@ def _figures(fig_dir: Path, report_dir: Path) -> str:
     return "\n\n".join(f"![{p.stem}]({os.path.relpath(p, report_dir)})" for p in pngs) or "_(no figures)_"
 
 
+def measured_grid(df: pd.DataFrame, axes: Sequence[str]) -> dict[str, list]:
+    """The axis values of the cells in a run's CSV: what was measured, whatever the config says today."""
+    return {a: sorted({v.item() if hasattr(v, "item") else v for v in df[a].dropna()}, key=str) for a in axes if a in df}
+
+
 def write_report(
-    out: Path, run: str, studies: Sequence[str], csvs: Sequence[Path], figure_dirs: Sequence[Path], config: Mapping[str, Any]
+    out: Path,
+    run: str,
+    studies: Sequence[str],
+    csvs: Sequence[Path],
+    figure_dirs: Sequence[Path],
+    config: Mapping[str, Any] | None = None,
 ) -> Path:
+    """``report.md`` of one run from its merged CSVs; ``config`` is the run's own recorded settings, if any.
+
+    The grid shown is the one in the CSVs; the settings (steps, trials, batch) come from
+    ``config`` — the run's ``results/<run>/config.yaml`` snapshot — and are left out where
+    a run has none, never filled in from today's config.
+    """
     frames = {name: load_study(path, name) for name, path in zip(studies, csvs)}
     report_dir = out.parent
     lines = [f"# cs336sys benchmark report — run `{run}`", "", DEFINITIONS, "## Environment", "", md_table(_environment(frames)), ""]
@@ -125,13 +141,23 @@ def write_report(
             "",
             spec.question,
             "",
-            "Grid:",
+            "Grid as measured (the axis values in this run's CSV):",
             "",
             "```yaml",
-            yaml.safe_dump({name: config.get(name)}, sort_keys=False).strip(),
+            yaml.safe_dump(measured_grid(df, spec.axes), sort_keys=False, default_flow_style=None).strip(),
             "```",
             "",
         ]
+        settings = {k: v for k, v in ((config or {}).get(name) or {}).items() if k != "grid"}
+        if settings:
+            lines += [
+                "Settings (from the run's config snapshot):",
+                "",
+                "```yaml",
+                yaml.safe_dump(settings, sort_keys=False, default_flow_style=None).strip(),
+                "```",
+                "",
+            ]
         if spec.cell_table:
             lines += [
                 "Per cell: median ms [95% interval] per mode and phase; `*` noisy (interval wider than the configured "
