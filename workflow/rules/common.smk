@@ -103,7 +103,12 @@ if NSYS and shutil.which("nsys") is None:
 
 def final_outputs():
     nsys = expand(nsys_rep(), cell=GRIDS["profile"]) if NSYS else []
-    return [report_md(), config_snapshot()] + [study_csv(s) for s in STUDIES] + [figure_dir(s) for s in STUDIES] + nsys
+    return (
+        [report_md(), config_snapshot()]
+        + [study_csv(s) for s in STUDIES]
+        + [figure_dir(s) for s in STUDIES]
+        + nsys
+    )
 
 
 # --- input and params functions -------------------------------------------------------------

@@ -48,10 +48,10 @@ rule plots:
 rule snapshot:
     output:
         config_snapshot(),
-    params:
-        config=config,
     log:
         f"logs/{RUN}/snapshot.log",
+    params:
+        config=config,
     script:
         "../scripts/snapshot.py"
 
