@@ -373,3 +373,12 @@ def test_every_study_section_of_the_presets_makes_cells():
                 kwargs = S.measure_kwargs(study, axes, config)
                 assert {k: kwargs[k] for k in axes} == axes  # the cell's axes reach the measurement as they are
                 assert not set(kwargs) & set(S.JOB_KEYS), (study, sorted(kwargs))
+
+
+def test_an_axis_named_like_a_row_column_is_refused():
+    # found by adding a toy study with an axis `n`: every row's sample count overwrote it
+    from cs336sys.studies import Study, check_axes
+
+    with pytest.raises(RuntimeError, match=r"\['n'\]"):
+        check_axes(Study(name="toy", question="", axes=("n", "precision")))
+    check_axes(Study(name="toy", question="", axes=("dim", "precision")))

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from cs336sys.fileio import atomic_path
+from cs336sys.pipeline.columns import ENV_COLUMNS, HEAD_COLUMNS, RESERVED_COLUMNS, TIMING_COLUMNS, WHERE_COLUMNS  # noqa: F401
 
 
 class Status(str, enum.Enum):
@@ -30,13 +31,6 @@ class Status(str, enum.Enum):
 
 
 STATUSES = tuple(s.value for s in Status)
-HEAD_COLUMNS = ["study", "cell_id", "status", "error"]
-ENV_COLUMNS = [
-    "device", "device_name", "driver_version", "torch_version", "cuda_version",
-    "python_version", "git_commit", "host", "started_at", "finished_at",
-    "gpu_index", "gpu_uuid", "gpu_wait_s", "max_sm_clock_mhz", "gpu_state_note", "cpu_model", "cpu_count",
-]  # fmt: skip
-WHERE_COLUMNS = ["mode", "phase"]  # where inside a cell a row was measured
 
 
 class Skip(Exception):

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cs336sys.pipeline.columns import RESERVED_COLUMNS
+
 Axes = dict[str, Any]
 # Section keys that shape the grid or the job, not the measurement.
 JOB_KEYS = ("grid", "timeout_s", "resources")
@@ -50,6 +52,14 @@ class Study:
         return f"cs336sys.studies.{self.name}.report"
 
 
+def check_axes(spec: Study) -> Study:
+    """Refuse an axis named like a column every row carries (``n``, ``median_ms``…): the measurement would overwrite it."""
+    clash = sorted(set(spec.axes) & RESERVED_COLUMNS)
+    if clash:
+        raise RuntimeError(f"study {spec.name!r}: axis names {clash} are row columns already; rename them")
+    return spec
+
+
 def _discover() -> dict[str, Study]:
     found = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
@@ -57,7 +67,7 @@ def _discover() -> dict[str, Study]:
             spec = importlib.import_module(f"{__name__}.{info.name}").STUDY
             if spec.name != info.name:
                 raise RuntimeError(f"study package {info.name!r} declares the name {spec.name!r}")
-            found[spec.name] = spec
+            found[spec.name] = check_axes(spec)
     return found
 
 
