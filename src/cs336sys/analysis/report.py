@@ -109,7 +109,8 @@ def _figures(fig_dir: Path, report_dir: Path) -> str:
 
 def measured_grid(df: pd.DataFrame, axes: Sequence[str]) -> dict[str, list]:
     """The axis values of the cells in a run's CSV: what was measured, whatever the config says today."""
-    return {a: sorted({v.item() if hasattr(v, "item") else v for v in df[a].dropna()}, key=str) for a in axes if a in df}
+    values = {a: {v.item() if hasattr(v, "item") else v for v in df[a].dropna()} for a in axes if a in df}
+    return {a: sorted(vs, key=lambda v: (isinstance(v, str), v if not isinstance(v, str) else 0, str(v))) for a, vs in values.items()}
 
 
 def write_report(

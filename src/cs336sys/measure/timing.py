@@ -100,7 +100,7 @@ def summarize(trial_samples_ms: Sequence[Sequence[float]] | Sequence[float]) -> 
         min_ms=min(pooled),
         max_ms=max(pooled),
         n=len(pooled),
-        ci_low_ms=interval.low,
+        ci_low_ms=max(interval.low, 0.0),  # a time is not negative: a very noisy cell's t-interval can reach below 0
         ci_high_ms=interval.high,
         trial_medians_ms=[statistics.median(t) for t in trials],
         samples_ms=pooled,
