@@ -9,6 +9,8 @@ for _study in STUDIES:
             cell_csv(_study),
         log:
             cell_log(_study),
+        benchmark:
+            cell_benchmark(_study)
         resources:
             gpu=1,
             runtime=cell_resource(_study, "runtime_min"),

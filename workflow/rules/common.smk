@@ -66,6 +66,14 @@ def cell_log(study):
     return f"logs/{RUN}/{study}/{{cell}}.log"
 
 
+def cell_benchmark(study):
+    return f"benchmarks/{RUN}/{study}/{{cell}}.tsv"
+
+
+def benchmark_dir():
+    return f"benchmarks/{RUN}"
+
+
 def study_csv(study="{study}"):
     return f"results/{RUN}/{study}.csv"
 

@@ -68,6 +68,7 @@ rule report:
     params:
         run=RUN,
         studies=STUDIES,
+        benchmarks=benchmark_dir(),
         code=REPORT_CODE,
         script=SCRIPT_HASH["report.py"],
     script:

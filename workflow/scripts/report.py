@@ -17,4 +17,5 @@ with log_to(snakemake.log[0]):
         csvs=[Path(p) for p in snakemake.input.csvs],
         figure_dirs=[Path(p) for p in snakemake.input.figures],
         config=load_yaml(snakemake.input.snapshot),
+        benchmarks=Path(snakemake.params.benchmarks),
     )

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from cs336sys.analysis.efficiency import sweep_efficiency
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.tables import failures, load_study, ok_rows
 from cs336sys.fileio import write_text_atomic
@@ -120,6 +121,7 @@ def write_report(
     csvs: Sequence[Path],
     figure_dirs: Sequence[Path],
     config: Mapping[str, Any] | None = None,
+    benchmarks: Path | None = None,
 ) -> Path:
     """``report.md`` of one run from its merged CSVs; ``config`` is the run's own recorded settings, if any.
 
@@ -131,6 +133,16 @@ def write_report(
     report_dir = out.parent
     lines = [f"# cs336sys benchmark report — run `{run}`", "", DEFINITIONS, "## Environment", "", md_table(_environment(frames)), ""]
     lines += ["## Cells per study and status", "", md_table(_status_counts(frames)), ""]
+    efficiency = sweep_efficiency(frames, benchmarks)
+    if not efficiency.empty:
+        lines += [
+            "## Sweep efficiency",
+            "",
+            "Where the wall time went (rows' start and end times; Snakemake's per-job benchmark files):",
+            "",
+            md_table(efficiency),
+            "",
+        ]
     fails = pd.concat([failures(df) for df in frames.values() if not df.empty], ignore_index=True) if frames else pd.DataFrame()
     lines += ["## Failed cells (out of memory, timeout, error, skipped)", ""]
     lines += [md_table(fails) if not fails.empty else "None: every cell ran.", ""]

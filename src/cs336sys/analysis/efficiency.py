@@ -1,0 +1,95 @@
+"""Where a sweep's wall time went: measuring, or starting Python, torch and compilers.
+
+From the rows: each cell's measuring process reports when it started and ended
+(``started_at``, ``finished_at``) and how long its first step took
+(``first_step_s``: compilation and autotuning land there). From Snakemake's
+``benchmark:`` files (``benchmarks/<run>/<study>/<cell>.tsv``, written for free
+per job): each job's wall time, so a job's start-up is its wall time minus its
+measuring process's. The share of the sweep spent measuring is the measuring
+processes' time over the sweep's span (first cell start to last cell end).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+import pandas as pd
+
+
+def _cells(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    rows = []
+    for study, df in frames.items():
+        if df.empty or not {"started_at", "finished_at", "cell_id"} <= set(df.columns):
+            continue
+        first = df.groupby("cell_id").agg(started=("started_at", "min"), finished=("finished_at", "max"))
+        if "first_step_s" in df:
+            first["first_step_s"] = df.groupby("cell_id")["first_step_s"].max()
+        rows.append(first.reset_index().assign(study=study))
+    if not rows:
+        return pd.DataFrame()
+    cells = pd.concat(rows, ignore_index=True)
+    cells["started"] = pd.to_datetime(cells["started"], utc=True, errors="coerce", format="ISO8601")
+    cells["finished"] = pd.to_datetime(cells["finished"], utc=True, errors="coerce", format="ISO8601")
+    cells["measuring_s"] = (cells["finished"] - cells["started"]).dt.total_seconds()
+    return cells.dropna(subset=["measuring_s"])
+
+
+def _benchmarks(folder: Path | None) -> pd.DataFrame:
+    if folder is None or not folder.is_dir():
+        return pd.DataFrame()
+    rows = []
+    for path in folder.glob("*/*.tsv"):
+        table = pd.read_csv(path, sep="\t")
+        if "s" in table and len(table):
+            rows.append({"study": path.parent.name, "cell_id": path.stem, "job_s": float(table["s"].iloc[-1])})
+    return pd.DataFrame(rows)
+
+
+def sweep_efficiency(frames: Mapping[str, pd.DataFrame], benchmarks: Path | None = None) -> pd.DataFrame:
+    """One table: the sweep's span, time measuring and its share, start-up per job, first-step time."""
+    cells = _cells(frames)
+    if cells.empty:
+        return pd.DataFrame()
+    span = (cells["finished"].max() - cells["started"].min()).total_seconds()
+    measuring = cells["measuring_s"].sum()
+    out = [
+        ("cells with start and end times", f"{len(cells)}"),
+        ("span: first cell start to last cell end", f"{span:.1f} s"),
+        (
+            "time inside measuring processes",
+            f"{measuring:.1f} s ({100 * measuring / span:.0f}% of the span)" if span > 0 else f"{measuring:.1f} s",
+        ),
+    ]
+    ordered = cells.sort_values("started")
+    gaps = (ordered["started"].iloc[1:].to_numpy() - ordered["finished"].iloc[:-1].to_numpy()) / pd.Timedelta(seconds=1)
+    gaps = gaps[gaps >= 0]  # overlapping cells (several GPUs) have no gap between them
+    if len(gaps):
+        out.append(
+            (
+                "gap between one cell's end and the next one's start (job start-up, torch import, merges)",
+                f"median {pd.Series(gaps).median():.2f} s, max {gaps.max():.2f} s",
+            )
+        )
+    if "first_step_s" in cells and cells["first_step_s"].notna().any():
+        first = cells["first_step_s"].dropna()
+        out.append(
+            (
+                "first step of each cell (compilation, autotuning, allocator growth)",
+                f"median {first.median():.2f} s, max {first.max():.2f} s, total {first.sum():.1f} s",
+            )
+        )
+    jobs = _benchmarks(benchmarks)
+    if not jobs.empty:
+        both = jobs.merge(cells[["study", "cell_id", "measuring_s"]], on=["study", "cell_id"])
+        startup = (both["job_s"] - both["measuring_s"]).clip(lower=0)
+        if len(both):
+            out.append(
+                (
+                    "per-job start-up (Snakemake job wall time − measuring process)",
+                    f"median {startup.median():.2f} s, max {startup.max():.2f} s over {len(both)} jobs",
+                )
+            )
+    else:
+        out.append(("per-job start-up", "not measured: no Snakemake benchmark files for this run"))
+    return pd.DataFrame(out, columns=["what", "value"])
