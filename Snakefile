@@ -14,6 +14,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/cells.smk"
 include: "workflow/rules/nsys.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/compare.smk"
 
 
 rule all:

@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 import yaml
 
+from cs336sys import studies as S
 from cs336sys.analysis import compare as cmp
+from workflow_helpers import DEMO, DEMO_RUN, configfile_args, copy_repo, parse_dry_run, snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
 CELL = "size=small_context_length=128_precision=bf16_impl={}_compile=False"
@@ -201,8 +203,95 @@ def test_exactly_two_runs(runs, tmp_path):
         cmp.write_comparison([*runs, runs[0]], ["a", "b", "c"], tmp_path / "out")
 
 
+def test_gate_writes_its_file_only_when_it_passes(runs, tmp_path):
+    failure = cmp.gate(list(runs), ["h100", "h200"], 1.05, tmp_path / "gate-1.05.txt")
+    assert failure.startswith("FAILED: `h200` vs `h100` (baseline), fail above 1.05")
+    assert CELL.format("slow") in failure and "ok → oom" in failure and CELL.format("fast") not in failure
+    assert not (tmp_path / "gate-1.05.txt").exists()
+    a = write_run(tmp_path / "a", cells(ENV_A, {"steady": 1.0}, rel=0.03))
+    b = write_run(tmp_path / "b", cells(ENV_A, {"steady": 1.01}, rel=0.03))
+    assert cmp.gate([a, b], ["a", "b"], 1.05, tmp_path / "ok.txt") is None
+    assert (tmp_path / "ok.txt").read_text().startswith("passed: `b` vs `a` (baseline), fail above 1.05")
+
+
+def old_and_new_runs(tmp_path: Path, factors: dict, old_name="old", new_name="new") -> tuple[Path, Path]:
+    """An e2e run as it was written before the axes' renaming (columns ``ctx`` and ``attn``, cell ids
+    with those names, no ``cuda_graphs``) and one written now; ``factors``: impl → new median / old."""
+    old_rows, new_rows = [], []
+    for impl, f in factors.items():
+        axes = {"size": "small", "context_length": 128, "precision": "bf16", "impl": impl, "compile": 0}
+        old_axes = {"size": "small", "ctx": 128, "precision": "bf16", "attn": impl, "compile": 0}
+        old_id = f"size=small_ctx=128_precision=bf16_attn={impl}_compile=0"
+        new_axes = {**axes, "cuda_graphs": 0}
+        old_env = dict(ENV_A, git_commit="1234567", cuda_version="12.10")
+        for mode, phase, ms in (("inference", "forward", 10.0), ("train", "forward", 10.0), ("train", "backward", 20.0)):
+            old_rows.append({**row(impl, mode, phase, ms, 0.01, old_env), "cell_id": old_id, **old_axes})
+            new_rows.append({**row(impl, mode, phase, ms * f, 0.01, ENV_B), "cell_id": S.cell_id("e2e", new_axes), **new_axes})
+    return write_run(tmp_path / old_name, old_rows), write_run(tmp_path / new_name, new_rows)
+
+
+def test_old_run_matches_new_run_through_upgrade(tmp_path):
+    old, new = old_and_new_runs(tmp_path, {"sdpa": 1.1, "eager": 1.0})
+    frames = cmp.load_run(old)
+    assert {"context_length", "impl", "cuda_graphs"} <= set(frames["e2e"].columns)
+    assert not {"ctx", "attn"} & set(frames["e2e"].columns)
+    t = cmp.compare_study(frames["e2e"], cmp.load_run(new)["e2e"])
+    assert len(t) == 6 and (t["only_in"] == "").all()  # every old row found its new row
+    sdpa = S.cell_id("e2e", {"size": "small", "context_length": 128, "precision": "bf16", "impl": "sdpa", "compile": 0, "cuda_graphs": 0})
+    assert set(t["cell_id"]) == {sdpa, sdpa.replace("impl=sdpa", "impl=eager")}
+    assert (t.loc[t["cell_id"] == sdpa, "verdict"] == "slower").all()
+    assert (t.loc[t["cell_id"] != sdpa, "verdict"] == "same").all()
+    assert t["ratio"].notna().all()
+    env = cmp.environment_diff(frames, cmp.load_run(new)).set_index("field")
+    assert env.loc["git_commit", "a"] == "1234567" and env.loc["cuda_version", "a"] == "12.10"  # text, not numbers
+    res = cmp.write_comparison([old, new], ["old", "new"], tmp_path / "out", fail_above=1.05)
+    assert not res.passed and set(res.regressions["cell_id"]) == {sdpa}
+
+
 def test_import_does_not_import_torch():
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     code = "import cs336sys.analysis.compare, sys; assert 'torch' not in sys.modules, 'torch imported'"
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+# --- the workflow's targets: report/compare/<a>-vs-<b>/report.md and .../gate-<threshold>.txt
+
+
+def _rules_run(output: str) -> dict[str, int]:
+    return parse_dry_run(output)[1]  # the "Job stats" table, printed by real runs as well
+
+
+@pytest.mark.slow
+def test_workflow_compare_and_gate_measure_nothing(tmp_path):
+    root = copy_repo(tmp_path / "repo")
+    write_run(root / "results" / "r1", cells(ENV_A, {"slow": 1.0, "steady": 1.0}), config={"e2e": {"batch_size": 4}})
+    write_run(root / "results" / "r2", cells(ENV_B, {"slow": 1.1, "steady": 1.0}), config={"e2e": {"batch_size": 4}})
+    demo = configfile_args(DEMO)  # the compare rules read results/ only: this config's studies do not matter
+
+    res = snakemake(root, "report/compare/r1-vs-r2/report.md", *demo)
+    assert res.returncode == 0, res.describe()
+    assert _rules_run(res.output) == {"compare": 1}
+    out = root / "report" / "compare" / "r1-vs-r2"
+    assert (out / "report.md").read_text().startswith("# `r1` vs `r2`")
+    assert (out / "figures" / "e2e_ratio.png").is_file() and (out / "compare.csv").is_file()
+
+    passing = snakemake(root, "report/compare/r1-vs-r2/gate-1.15.txt", *demo)
+    assert passing.returncode == 0, passing.describe()
+    assert _rules_run(passing.output) == {"compare_gate": 1}  # the report is up to date
+    assert (out / "gate-1.15.txt").read_text().startswith("passed: `r2` vs `r1` (baseline), fail above 1.15")
+
+    failing = snakemake(root, "report/compare/r1-vs-r2/gate-1.05.txt", *demo)
+    assert failing.returncode != 0, failing.describe()
+    assert "FAILED: `r2` vs `r1` (baseline), fail above 1.05: 3 regression(s)" in failing.output
+    assert CELL.format("slow") in failing.output and CELL.format("steady") not in failing.output
+    assert not (out / "gate-1.05.txt").exists()
+
+    missing = snakemake(root, "report/compare/r1-vs-nope/report.md", *demo)
+    assert missing.returncode != 0 and "run 'nope' has no merged study CSVs" in missing.output, missing.describe()
+    assert not (root / "results" / DEMO_RUN).exists(), "a cell job ran"
+
+    # a run named like this config's own: read as it is, its merge and cells are not scheduled
+    write_run(root / "results" / DEMO_RUN, cells(ENV_A, {"slow": 1.0}))
+    dry = snakemake(root, "-n", f"report/compare/{DEMO_RUN}-vs-r2/report.md", *demo)
+    assert dry.returncode == 0 and _rules_run(dry.output) == {"compare": 1}, dry.describe()

@@ -1,4 +1,5 @@
 # Validation, cell lists, paths and code hashes: everything the rules need, built once.
+import glob
 import os
 import shutil
 import sys
@@ -157,3 +158,34 @@ def study_cells(wildcards):
 def nsys_args(wildcards):
     """The CLI flags of `cs336sys e2e` that run the same model and batch as a profile cell."""
     return command_line("profile", _axes("profile", wildcards.cell), config)
+
+
+# --- comparing finished runs (compare.smk) ----------------------------------------------------
+# a run name, which cannot contain "-vs-": "<a>-vs-<b>" then splits one way only
+RUN_NAME = r"[A-Za-z0-9](?:(?!-vs-)[A-Za-z0-9.+-])*"
+COMPARE_CODE = modules_hash(module_closure(["cs336sys.analysis.compare"]))
+
+
+def compare_dir(root="report"):
+    return f"{root}/compare/{{a}}-vs-{{b}}"
+
+
+def run_files(wildcards):
+    """The merged study CSVs (and the config snapshot) of runs a and b, as absolute paths.
+
+    Absolute, so that nothing here is asked to make them: were a run this config's own, the relative
+    paths would be outputs of `merge` and `snapshot`, and a comparison would rerun its merge and
+    cells whenever Snakemake found them out of date (changed code or settings).
+    """
+    files = {}
+    for side in ("a", "b"):
+        run = getattr(wildcards, side)
+        csvs = sorted(glob.glob(f"results/{run}/*.csv"))  # glob skips dot files (temporaries)
+        if not csvs:
+            raise WorkflowError(
+                f"compare: run {run!r} has no merged study CSVs (results/{run}/*.csv); "
+                f"runs with CSVs: {', '.join(sorted({Path(p).parent.name for p in glob.glob('results/*/*.csv')})) or 'none'}"
+            )
+        snapshot = glob.glob(f"results/{run}/config.yaml")
+        files[side] = [os.path.abspath(p) for p in csvs + snapshot]
+    return files

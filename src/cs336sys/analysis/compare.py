@@ -5,8 +5,9 @@ make any cell slower?". Two runs' merged study CSVs (``results/<run>/<study>.csv
 (cell_id, mode, phase); each pair gets the ratio b/a of median times with a conservative interval
 (b.low/a.high, b.high/a.low from the runs' 95 % intervals) and a verdict that calls a cell slower or
 faster only when the two intervals do not overlap, so noise is not reported as change. A gate
-(``--fail-above``) turns the table into a CI check. This is the analysis layer: it reads CSVs and
-YAML only and never imports torch or the measurement code.
+(``--fail-above``) turns the table into a CI check. Runs measured before the axes' renaming load through
+:func:`cs336sys.analysis.tables.load_study`, so an old run and a new one match cell by cell. This is the
+analysis layer: it reads CSVs and YAML only and never imports torch or the measurement code.
 
 Verdicts: ``slower`` when b's interval lies entirely above a's, ``faster`` entirely below, ``same``
 when they overlap, ``n/a`` when an interval is unknown (older runs recorded none) or a status is not ok.
@@ -19,9 +20,8 @@ Read compare.csv with ``keep_default_na=False``: pandas otherwise reads the verd
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,9 @@ import pandas as pd
 import yaml
 
 from cs336sys.analysis import compare_plot
+from cs336sys.analysis.compare_plot import cell_text, cells_md, md
+from cs336sys.analysis.tables import load_study
+from cs336sys.fileio import atomic_path, write_text_atomic
 
 ENV_FIELDS = ("device_name", "driver_version", "torch_version", "cuda_version", "git_commit", "host")
 KEYS = ("cell_id", "mode", "phase")
@@ -38,7 +41,6 @@ FAILED = frozenset({"oom", "error", "timeout"})
 VERDICTS = ("faster", "slower", "same", "n/a")
 COLUMNS = ["cell_id", "mode", "phase", "status_a", "status_b", "median_a_ms", "median_b_ms", "ratio", "ratio_low",
            "ratio_high", "verdict", "status_change", "only_in", "flags", "note"]  # fmt: skip
-DASH = "—"
 
 
 @dataclass
@@ -50,7 +52,11 @@ class ComparisonResult:
 
 
 def load_run(results_dir: Path) -> dict[str, pd.DataFrame]:
-    """Study name → merged frame, from every ``<results_dir>/*.csv`` that has a ``study`` column."""
+    """Study name → merged frame, from every ``<results_dir>/*.csv`` that has a ``study`` column.
+
+    Each file loads through ``tables.load_study``: an old run's columns (``ctx``, ``attn``, …) get the
+    current names and its cell ids are rebuilt. The environment columns are read as text (a commit
+    ``1234567`` or CUDA ``12.10`` must not turn into a number)."""
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise FileNotFoundError(f"no run directory {results_dir}")
@@ -58,9 +64,11 @@ def load_run(results_dir: Path) -> dict[str, pd.DataFrame]:
     for path in sorted(results_dir.glob("*.csv")):
         if path.name.startswith("."):
             continue
-        df = pd.read_csv(path, dtype={f: str for f in ENV_FIELDS}, low_memory=False)
+        df = load_study(path)
         if "study" not in df.columns:
             continue
+        if env := [f for f in ENV_FIELDS if f in df.columns]:
+            df[env] = pd.read_csv(path, usecols=env, dtype=str).to_numpy()  # load_study keeps the row order
         df["study"] = df["study"].fillna(path.stem).astype(str)
         for name, group in df.groupby("study", sort=False):
             parts.setdefault(str(name), []).append(group)
@@ -169,6 +177,14 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     return out[COLUMNS]
 
 
+def compare_runs(a: Mapping[str, pd.DataFrame], b: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """:func:`compare_study` for every study of either run (as :func:`load_run` returns them), stacked
+    with a leading ``study`` column."""
+    empty = pd.DataFrame(columns=["study", "cell_id", "status"])
+    tables = [compare_study(a.get(s, empty), b.get(s, empty)).assign(study=s) for s in sorted(set(a) | set(b))]
+    return pd.concat([t[["study", *COLUMNS]] for t in tables], ignore_index=True) if tables else pd.DataFrame(columns=["study", *COLUMNS])
+
+
 def regressions(table: pd.DataFrame, fail_above: float) -> pd.DataFrame:
     """Rows slower beyond their noise (verdict ``slower``) with median ratio > ``fail_above``,
     plus rows whose status went from ok to a failure (oom, error, timeout)."""
@@ -210,53 +226,6 @@ def config_diff(a_cfg: Mapping | None, b_cfg: Mapping | None) -> pd.DataFrame:
     )
 
 
-def _sig(x: Any, digits: int) -> str:
-    if x is None or (isinstance(x, float) and np.isnan(x)):
-        return DASH
-    if np.isinf(x):
-        return "∞"
-    return f"{x:.0f}" if abs(x) >= 10**digits else f"{x:#.{digits}g}".rstrip(".")
-
-
-def _cell(value: Any) -> str:
-    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)) or value == "":
-        return DASH
-    if isinstance(value, (bool, np.bool_)):
-        return "yes" if value else "no"
-    if isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer()):
-        return str(int(value))
-    return _sig(value, 4) if isinstance(value, (float, np.floating)) else str(value).replace("|", "\\|")
-
-
-def ratio_text(row) -> str:
-    """'1.12 [1.08, 1.16]': the ratio with its interval (just the ratio when the interval is unknown)."""
-    if pd.isna(row["ratio_low"]) or pd.isna(row["ratio_high"]):
-        return _sig(row["ratio"], 3)
-    return f"{_sig(row['ratio'], 3)} [{_sig(row['ratio_low'], 3)}, {_sig(row['ratio_high'], 3)}]"
-
-
-def _md(df: pd.DataFrame, fmt: Mapping[str, Callable[[Any], str]] | None = None) -> str:
-    fmt = {"median_a_ms": lambda v: _sig(v, 4), "median_b_ms": lambda v: _sig(v, 4), **(fmt or {})}
-    shown = pd.DataFrame({c: [fmt[c](v) if c in fmt else _cell(v) for v in df[c]] for c in df.columns})
-    return shown.to_markdown(index=False, disable_numparse=True)
-
-
-def _cells_md(rows: pd.DataFrame, extra: Sequence[str] = ()) -> str:
-    view = rows.assign(**{"ratio b/a [interval]": [ratio_text(r) for _, r in rows.iterrows()]})
-    cols = [c for c in ("study", "cell_id", "mode", "phase") if c in view and (view[c] != "").any()]
-    return _md(view[cols + ["median_a_ms", "median_b_ms", "ratio b/a [interval]", *extra]])
-
-
-def _atomic(path: Path, write: Callable[[Path], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _load_config(run_dir: Path) -> Mapping | None:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
@@ -275,13 +244,13 @@ def _study_section(study: str, t: pd.DataFrame, figure: str | None) -> list[str]
         "only in b": int((t["only_in"] == "b").sum()),
         "status changes": int((t["status_change"] != "").sum()),
     }
-    lines += [_md(pd.DataFrame([counts])), ""]
+    lines += [md(pd.DataFrame([counts])), ""]
     for verdict, title in (
         ("slower", "Slower in b (intervals do not overlap; ratio > 1)"),
         ("faster", "Faster in b (intervals do not overlap; ratio < 1)"),
     ):
         rows = both[both["verdict"] == verdict].sort_values("ratio", ascending=verdict == "faster")
-        lines += [f"### {title}", "", _cells_md(rows, ["flags"]) if len(rows) else "None.", ""]
+        lines += [f"### {title}", "", cells_md(rows, ["flags"]) if len(rows) else "None.", ""]
     na = both[both["verdict"] == "n/a"]
     if len(na):
         reasons = na["note"].value_counts()
@@ -290,40 +259,42 @@ def _study_section(study: str, t: pd.DataFrame, figure: str | None) -> list[str]
     lines += [
         "### Cells in one run only",
         "",
-        _md(one[["cell_id", "mode", "phase", "only_in", "status_a", "status_b"]]) if len(one) else "None.",
+        md(one[["cell_id", "mode", "phase", "only_in", "status_a", "status_b"]]) if len(one) else "None.",
         "",
     ]
     changed = t[t["status_change"] != ""]
-    lines += ["### Status changes", "", _md(changed[["cell_id", "mode", "phase", "status_change"]]) if len(changed) else "None.", ""]
+    lines += ["### Status changes", "", md(changed[["cell_id", "mode", "phase", "status_change"]]) if len(changed) else "None.", ""]
     if figure:
         lines += [f"![{study}: ratio b/a per cell]({figure})", ""]
     return lines
 
 
+def _two(run_dirs: Sequence[Path], names: Sequence[str]) -> tuple[Path, Path]:
+    if len(run_dirs) != 2 or len(names) != 2:
+        raise ValueError(f"compare exactly 2 runs (baseline, candidate) with 2 names; got {len(run_dirs)} runs and {len(names)} names")
+    return Path(run_dirs[0]), Path(run_dirs[1])
+
+
 def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Path, fail_above: float | None = None) -> ComparisonResult:
     """Compare run b = ``run_dirs[1]`` against baseline a = ``run_dirs[0]``; write report.md,
     compare.csv and figures/<study>_ratio.png under ``out_dir``. Exactly two runs are allowed."""
-    if len(run_dirs) != 2 or len(names) != 2:
-        raise ValueError(
-            f"write_comparison compares exactly 2 runs (baseline, candidate) with 2 names; got {len(run_dirs)} runs and {len(names)} names"
-        )
+    a_dir, b_dir = _two(run_dirs, names)
     out_dir = Path(out_dir)
-    a_dir, b_dir = map(Path, run_dirs)
     a_name, b_name = names
     runs = load_run(a_dir), load_run(b_dir)
-    tables, sections = [], []
-    for study in sorted(set(runs[0]) | set(runs[1])):
-        empty = pd.DataFrame(columns=["study", "cell_id", "status"])
-        t = compare_study(runs[0].get(study, empty), runs[1].get(study, empty))
+    table = compare_runs(*runs)
+    (out_dir / "figures").mkdir(parents=True, exist_ok=True)  # a directory output of the workflow, empty or not
+    sections = []
+    for study in sorted(set(runs[0]) | set(runs[1])):  # a study without timing rows still gets its section
+        t = table[table["study"] == study].drop(columns="study").reset_index(drop=True)
         figure = None
         if np.isfinite(t["ratio"].astype(float)).any():
             fig = compare_plot.ratio_figure(t, f"{study}: {b_name} vs {a_name} (baseline)")
-            _atomic(out_dir / "figures" / f"{study}_ratio.png", lambda p: fig.savefig(p, format="png", dpi=120))
+            with atomic_path(out_dir / "figures" / f"{study}_ratio.png") as tmp:
+                fig.savefig(tmp, format="png", dpi=120)
             compare_plot.close(fig)
             figure = f"figures/{study}_ratio.png"
         sections += _study_section(study, t, figure)
-        tables.append(t.assign(study=study)[["study", *COLUMNS]])
-    table = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["study", *COLUMNS])
     regs = regressions(table, 1.0 if fail_above is None else fail_above)
     passed = fail_above is None or regs.empty
 
@@ -347,20 +318,32 @@ def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Pa
             "",
         ]
     if len(regs):
-        lines += [_cells_md(regs, ["status_change"]), ""]
-    lines += ["## Environment", "", _md(environment_diff(*runs)), "", "## Config", ""]
+        lines += [cells_md(regs, ["status_change"]), ""]
+    lines += ["## Environment", "", md(environment_diff(*runs)), "", "## Config", ""]
     cfgs = _load_config(a_dir), _load_config(b_dir)
     if None in cfgs:
         missing = " and ".join(n for n, c in zip(names, cfgs) if c is None)
         lines += [f"Not compared: no config.yaml in {missing}.", ""]
     else:
         diff = config_diff(*cfgs)
-        lines += [f"- `{r.key}`: {_cell(r.a)} → {_cell(r.b)}" for r in diff.itertuples()] or ["No differences."]
+        lines += [f"- `{r.key}`: {cell_text(r.a)} → {cell_text(r.b)}" for r in diff.itertuples()] or ["No differences."]
         lines += [""]
-    report = out_dir / "report.md"
-    _atomic(report, lambda p: p.write_text("\n".join(lines + sections).rstrip() + "\n"))
-    _atomic(out_dir / "compare.csv", lambda p: table.to_csv(p, index=False))
+    report = write_text_atomic(out_dir / "report.md", "\n".join(lines + sections).rstrip() + "\n")
+    with atomic_path(out_dir / "compare.csv") as tmp:
+        table.to_csv(tmp, index=False)
     return ComparisonResult(table=table, regressions=regs, passed=passed, report_path=report)
+
+
+def gate(run_dirs: Sequence[Path], names: Sequence[str], fail_above: float, out: Path) -> str | None:
+    """The gate alone (the workflow's ``compare_gate``): None, with a one-line pass written to ``out``,
+    when no cell regresses; otherwise the failure text listing each regression, and ``out`` not written."""
+    table = compare_runs(*(load_run(d) for d in _two(run_dirs, names)))
+    regs = regressions(table, fail_above)
+    head = f"`{names[1]}` vs `{names[0]}` (baseline), fail above {fail_above:g}"
+    if regs.empty:
+        write_text_atomic(out, f"passed: {head}: {len(table)} row(s) compared, no regression\n")
+        return None
+    return f"FAILED: {head}: {len(regs)} regression(s)\n{cells_md(regs, ['verdict', 'status_change'])}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -381,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result.regressions.empty:
         print("no regressions" if args.fail_above is not None else "no cell slower beyond noise or newly failing")
     else:
-        print(_cells_md(result.regressions, ["status_change"]))
+        print(cells_md(result.regressions, ["status_change"]))
     if not result.passed:
         print(f"FAILED: {len(result.regressions)} regression(s) (fail above {args.fail_above:g})", file=sys.stderr)
         return 1

@@ -1,4 +1,5 @@
-"""The ratio figure of a run comparison: one point per cell (b/a median time) with its interval.
+"""How a run comparison is shown: the ratio figure (one point per cell, b/a median time with its
+interval) and the text of the report's markdown tables.
 
 Kept apart from :mod:`cs336sys.analysis.compare` so that the table logic stays short; like it,
 this module imports no torch and nothing else from cs336sys.
@@ -10,6 +11,9 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display: set before pyplot is imported
 
+from collections.abc import Callable, Mapping, Sequence  # noqa: E402
+from typing import Any  # noqa: E402
+
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -17,6 +21,7 @@ import pandas as pd  # noqa: E402
 COLOURS = {"slower": "#d62728", "faster": "#2ca02c", "same": "#7f7f7f", "n/a": "#9467bd"}
 LABEL_WIDTH = 60
 MAX_HEIGHT_IN = 40.0
+DASH = "—"
 
 
 def shorten(text: str, width: int = LABEL_WIDTH) -> str:
@@ -89,3 +94,43 @@ def ratio_figure(table: pd.DataFrame, title: str):
 
 def close(fig) -> None:
     plt.close(fig)
+
+
+# --- text of the report's tables ------------------------------------------------------------
+
+
+def sig(x: Any, digits: int) -> str:
+    if x is None or (isinstance(x, float) and np.isnan(x)):
+        return DASH
+    if np.isinf(x):
+        return "∞"
+    return f"{x:.0f}" if abs(x) >= 10**digits else f"{x:#.{digits}g}".rstrip(".")
+
+
+def cell_text(value: Any) -> str:
+    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)) or value == "":
+        return DASH
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, (int, np.integer)) or (isinstance(value, float) and value.is_integer()):
+        return str(int(value))
+    return sig(value, 4) if isinstance(value, (float, np.floating)) else str(value).replace("|", "\\|")
+
+
+def ratio_text(row) -> str:
+    """'1.12 [1.08, 1.16]': the ratio with its interval (just the ratio when the interval is unknown)."""
+    if pd.isna(row["ratio_low"]) or pd.isna(row["ratio_high"]):
+        return sig(row["ratio"], 3)
+    return f"{sig(row['ratio'], 3)} [{sig(row['ratio_low'], 3)}, {sig(row['ratio_high'], 3)}]"
+
+
+def md(df: pd.DataFrame, fmt: Mapping[str, Callable[[Any], str]] | None = None) -> str:
+    fmt = {"median_a_ms": lambda v: sig(v, 4), "median_b_ms": lambda v: sig(v, 4), **(fmt or {})}
+    shown = pd.DataFrame({c: [fmt[c](v) if c in fmt else cell_text(v) for v in df[c]] for c in df.columns})
+    return shown.to_markdown(index=False, disable_numparse=True)
+
+
+def cells_md(rows: pd.DataFrame, extra: Sequence[str] = ()) -> str:
+    view = rows.assign(**{"ratio b/a [interval]": [ratio_text(r) for _, r in rows.iterrows()]})
+    cols = [c for c in ("study", "cell_id", "mode", "phase") if c in view and (view[c] != "").any()]
+    return md(view[cols + ["median_a_ms", "median_b_ms", "ratio b/a [interval]", *extra]])
