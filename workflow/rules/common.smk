@@ -111,10 +111,14 @@ if NSYS and shutil.which("nsys") is None:
 
 
 def final_outputs():
+    # every cell CSV is a target itself: a deleted or lost cell is measured again on the next run
+    # (as the merge's input only, Snakemake would find the merged CSV up to date and skip it)
+    cells = [path for s in STUDIES for path in expand(cell_csv(s), cell=GRIDS[s])]
     nsys = expand(nsys_rep(), cell=GRIDS["profile"]) if NSYS else []
     return (
         [report_md(), config_snapshot()]
         + [study_csv(s) for s in STUDIES]
+        + cells
         + [figure_dir(s) for s in STUDIES]
         + nsys
     )
