@@ -1,6 +1,7 @@
 """A cell CSV that is deleted (or lost with a killed job) is measured again on the next run, and only it."""
 
 import pytest
+
 from workflow_helpers import DEMO, copy_repo, dry_run, snakemake
 
 

@@ -120,6 +120,14 @@ def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
             parser.error(f"--config: {exc}")
         if not isinstance(base, dict):
             parser.error(f"--config: {args.config} does not hold a mapping of config keys")
+        # the rest of the file is not read here, but a typo in it must not pass silently
+        known = load_schema()["properties"]
+        unknown = [key for key in base if key not in known]
+        if unknown:
+            parser.error(f"--config {args.config}: unknown config key {unknown[0]!r} (allowed at the top level: {', '.join(known)})")
+        for key in ("extra_sizes", "peak_tflops", args.study):
+            if base.get(key) is not None and not isinstance(base[key], dict):
+                parser.error(f"--config {args.config}: config key {key!r} must be a mapping, not {type(base[key]).__name__}")
     spec = S.study(args.study)
     section = copy.deepcopy(base.get(args.study) or {})
     section["grid"] = {axis: [getattr(args, axis)] for axis in spec.axes}
@@ -133,10 +141,34 @@ def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
     try:
         return validate_config(config)
     except ConfigError as exc:
-        # config key paths → the flags that set them: 'e2e.grid.context_length.0' → '--context-length'
-        message = re.sub(rf"config key '{args.study}\.(?:grid\.)?(\w+?)(?:\.\d+)?'", lambda m: f"flag '{_flag(m.group(1))}'", str(exc))
-        message = message.replace("flag '--grid': no valid cell", "these flags make no valid cell")
-        parser.error(message)
+        parser.error(_name_flags(str(exc), args))
+
+
+def _name_flags(message: str, args: argparse.Namespace) -> str:
+    """Config key paths → the flags that set them: 'e2e.grid.context_length.0' → '--context-length'.
+
+    A key that no flag set came from ``--config``'s file and keeps its config name, with the file's.
+    """
+    spec = S.study(args.study)
+    flagged = set(spec.axes) | {k for k, v in vars(args).items() if v is not None and k not in RUN_FLAGS and k != "study"}
+
+    def name(m: re.Match) -> str:
+        key = m.group(1)
+        if key == "grid":  # 'no valid cell': the axes' flags together make the impossible combination
+            return "these flags"
+        if key in flagged:
+            return f"flag '{_flag(key)}'"
+        return f"{m.group(0)} (in --config {args.config})" if args.config else m.group(0)
+
+    message = re.sub(rf"config key '{args.study}\.(?:grid\.)?(\w+?)(?:\.\d+)?'", name, message)
+    axes = " ".join(_flag_text(axis, getattr(args, axis)) for axis in spec.axes)
+    return re.sub(r"these flags: no valid cell: (.*?) \(this grid: [^\n]*\)", rf"these flags make no valid cell ({axes}): \1", message)
+
+
+def _flag_text(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return _flag(key) if value else "--no-" + key.replace("_", "-")
+    return f"{_flag(key)} {_show(value)}"
 
 
 def command_line(study: str, axes: Mapping[str, Any], config: Mapping[str, Any], target: str = "e2e") -> str:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
+
+_TEMP = re.compile(r"^\.tmp-(\d+)-(.+)$")
 
 
 @contextlib.contextmanager
@@ -22,7 +25,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")  # remove_stale_temps reads this name
     try:
         yield tmp
         os.replace(tmp, path)
@@ -34,3 +37,36 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return Path(path)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def remove_stale_temps(folder: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Delete the ``.tmp-<pid>-<name>`` files in ``folder`` that a killed writer left; return them.
+
+    A writer killed between creating its temporary and renaming it (SIGKILL, the OOM killer,
+    a node failure) leaves the temporary behind. One whose pid no longer runs on this host is
+    stale. A pid is only meaningful on its own host: on a folder shared between hosts (a
+    cluster's results/) pass ``name``, the output whose writer you are, so that only its
+    temporaries are touched and another host's write in progress never is.
+    """
+    removed = []
+    for path in Path(folder).glob(".tmp-*"):
+        m = _TEMP.match(path.name)
+        if not m or (name is not None and m.group(2) != name):
+            continue
+        pid = int(m.group(1))
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+    return removed

@@ -62,8 +62,9 @@ def merge_cells(
 
 def load_study(path: str | Path, study: str | None = None) -> pd.DataFrame:
     df = pd.read_csv(path)
-    if "error" in df:
-        df["error"] = df["error"].astype("object").fillna("")
+    for column in ("error", "mode", "phase"):  # empty means "none" (a failure before any part), not NaN
+        if column in df:
+            df[column] = df[column].astype("object").fillna("")
     study = study or (str(df["study"].iloc[0]) if "study" in df and len(df) else None)
     return upgrade(df, study) if study else df
 

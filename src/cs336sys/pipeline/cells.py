@@ -10,9 +10,12 @@ Rows measured before a failure are kept, and the failure row names the part
 
 A measurement is a generator function ``fn(device, context, **kwargs)``
 yielding row dicts; it records what it is doing in ``context`` (a dict whose
-keys are copied into a failure row). Test hook: ``CS336SYS_INJECT_FAULT`` =
-``oom|error|abort|hang[:<cell-id substring>]`` makes matching cells fail that
-way inside the child, so the failure paths are exercised without a real GPU.
+keys are copied into a failure row; the child forwards each change to the job,
+so a timeout or a crash names its part too; a failure before any part started
+has ``mode`` ""). Test hook: ``CS336SYS_INJECT_FAULT`` =
+``oom|error|abort|hang|sleep=<s>[:<cell-id substring>]`` makes matching cells fail
+(or, for ``sleep``, last ``s`` seconds longer) inside the child, so the failure
+paths are exercised without a real GPU (``pipeline.faults``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 
 import torch
 
-from cs336sys.pipeline.faults import FAULT_ENV
+from cs336sys.pipeline.faults import FAULT_ENV, parse_fault_spec
 from cs336sys.pipeline.rows import Skip
 
 OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -54,9 +57,11 @@ class Cell:
 def _inject_fault(cell_id: str, spec: str) -> None:
     if not spec:
         return
-    kind, _, where = spec.partition(":")
+    kind, seconds, where = parse_fault_spec(spec)
     if where and where not in cell_id:
         return
+    if kind == "sleep":  # not a failure: the cell lasts longer, then measures normally
+        time.sleep(seconds)
     if kind == "oom":
         raise OutOfMemoryError(f"CUDA out of memory (injected by {FAULT_ENV})")
     if kind == "error":
@@ -65,6 +70,22 @@ def _inject_fault(cell_id: str, spec: str) -> None:
         os.abort()
     if kind == "hang":
         time.sleep(3600)
+
+
+class _Context(dict):
+    """The measurement's ``context``: each change is sent to the job, which knows the part even if the child dies."""
+
+    def __init__(self, conn) -> None:
+        super().__init__()
+        self._conn = conn
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        self._conn.send(("context", dict(self)))
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        self._conn.send(("context", dict(self)))
 
 
 def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> None:
@@ -85,7 +106,7 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
     from cs336sys.measure.env import environment, pick_device
     from cs336sys.measure.memory import cap_memory, release
 
-    context: dict[str, Any] = {}
+    context = _Context(conn)
     device = None
     try:
         try:
@@ -109,12 +130,12 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
     except OutOfMemoryError as exc:
         if device is not None:
             release(device)
-        conn.send(("oom", (str(exc).partition("\n")[0][:500] or "CUDA out of memory", context)))
+        conn.send(("oom", (str(exc).partition("\n")[0][:500] or "CUDA out of memory", dict(context))))
     except Skip as exc:
-        conn.send(("skipped", (str(exc), context)))
+        conn.send(("skipped", (str(exc), dict(context))))
     except Exception as exc:  # any measured failure becomes a row, never a crash of the workflow
         traceback.print_exc()
-        conn.send(("error", (f"{type(exc).__name__}: {exc}"[:1000], context)))
+        conn.send(("error", (f"{type(exc).__name__}: {exc}"[:1000], dict(context))))
     finally:
         conn.close()
 
@@ -213,25 +234,27 @@ def _run_child(cell: Cell, start_method: str | None, lease) -> list[dict[str, An
         proc.start()
     child_conn.close()
 
-    env, rows, failure = _base_env(cell), [], None
+    env, rows, failure, context = _base_env(cell), [], None, {}
     deadline = time.monotonic() + cell.timeout_s
     while failure is None:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            failure = ("timeout", f"cell exceeded its time limit of {cell.timeout_s:g} s", {})
+            failure = ("timeout", f"cell exceeded its time limit of {cell.timeout_s:g} s", context)
             break
         try:
             if not parent_conn.poll(min(remaining, 1.0)):
                 if not proc.is_alive() and not parent_conn.poll(0):
-                    failure = ("error", _exit_reason(proc.exitcode), {})
+                    failure = ("error", _exit_reason(proc.exitcode), context)
                 continue
             kind, payload = parent_conn.recv()
         except (EOFError, OSError):
             proc.join(5)
-            failure = ("error", _exit_reason(proc.exitcode), {})
+            failure = ("error", _exit_reason(proc.exitcode), context)
             break
         if kind == "env":
             env.update(payload)
+        elif kind == "context":
+            context = payload
         elif kind == "row":
             rows.append({**payload, "status": "ok", "error": ""})
         elif kind == "done":
@@ -246,8 +269,10 @@ def _run_child(cell: Cell, start_method: str | None, lease) -> list[dict[str, An
             proc.join()
 
     if failure is not None:
-        status, error, context = failure
-        rows.append({**context, "status": status, "error": error})
+        status, error, where = failure
+        # no part started yet: the failure is the whole cell's, and says so with an empty mode (not NaN)
+        before_any_part = {} if "mode" in cell.axes else {"mode": ""}
+        rows.append({**before_any_part, **where, "status": status, "error": error})
     env.update(gpulock.lease_columns(lease) if lease is not None else {}, finished_at=_now())
     return [{"study": cell.study, "cell_id": cell.cell_id, **cell.axes, **row, **env} for row in rows]
 

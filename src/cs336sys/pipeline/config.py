@@ -46,7 +46,29 @@ def _fill_defaults(validator_class, root: Mapping[str, Any]):
                     instance[name] = _copy(sub["default"])
         yield from check_properties(validator, props, instance, schema)
 
-    return jsonschema.validators.extend(validator_class, {"properties": properties})
+    # JSON Schema's bounds are all False for NaN, so `minimum: 0` lets NaN through; inf passes a lower bound
+    def finite_bound(keyword: str):
+        check_bound = validator_class.VALIDATORS[keyword]
+
+        def bound(validator, value, instance, schema):
+            if isinstance(instance, float) and not math.isfinite(instance):
+                if keyword == next(k for k in _BOUNDS if k in schema):  # one error per value, not one per bound
+                    yield jsonschema.ValidationError(f"{instance} is not a finite number (allowed: {_bounds_text(schema)})")
+                return
+            yield from check_bound(validator, value, instance, schema)
+
+        return bound
+
+    extra = {"properties": properties, **{k: finite_bound(k) for k in _BOUNDS}}
+    return jsonschema.validators.extend(validator_class, extra)
+
+
+_BOUNDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+_BOUND_SIGNS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
+
+
+def _bounds_text(schema: Mapping[str, Any]) -> str:
+    return "a number " + " and ".join(f"{_BOUND_SIGNS[k]} {schema[k]}" for k in _BOUNDS if k in schema)
 
 
 def _copy(value: Any) -> Any:
@@ -78,12 +100,16 @@ def load_yaml(path: str | Path) -> Any:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    loader = _StrictLoader(text)
+    loader.name = str(path)  # marks (duplicate keys) name the file, not "<unicode string>"
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return loader.get_single_data()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         raise ConfigError(f"{where}: not valid YAML: {exc.problem}") from None
+    finally:
+        loader.dispose()
 
 
 def load_schema(schema_path: str | Path = SCHEMA_PATH) -> dict:
@@ -107,6 +133,12 @@ def validate_schema(config: dict, schema_path: str | Path = SCHEMA_PATH) -> None
             where = _path(err.absolute_path)
             allowed = ", ".join(err.schema.get("properties", {}))
             lines += [f"unknown config key {_path(list(err.absolute_path) + [k])!r} (allowed under {where}: {allowed})" for k in extra]
+        elif err.validator == "pattern":  # a name: becomes a path component of results/ and report/
+            lines.append(f"config key {_path(err.absolute_path)!r}: {err.instance!r} is not a valid name "
+                         f"(allowed: letters, digits, '.', '+', '-', starting with a letter or digit; pattern {err.validator_value})")  # fmt: skip
+        elif err.validator == "minItems" and "enum" in err.schema.get("items", {}):
+            choices = ", ".join(map(str, err.schema["items"]["enum"]))
+            lines.append(f"config key {_path(err.absolute_path)!r}: {err.message} (choose from {choices})")
         else:
             lines.append(f"config key {_path(err.absolute_path)!r}: {err.message}")
     raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
@@ -127,10 +159,15 @@ def validate_semantics(config: Mapping[str, Any]) -> None:
     """Checks across keys: finite numbers, model sizes exist and are sound, grids are not empty."""
     from cs336sys import studies as S
 
-    problems = [f"config key {_path(p)!r}: {v} is not a finite number" for p, v in _numbers(dict(config)) if not math.isfinite(v)]
+    problems = [
+        f"config key {_path(p)!r}: {v} is not a finite number (allowed: a finite number)"
+        for p, v in _numbers(dict(config))
+        if not math.isfinite(v)
+    ]
     extra = config.get("extra_sizes") or {}
     problems += [
-        f"config key 'extra_sizes.{name}': {name!r} is a built-in size; give the extra size another name"
+        f"config key 'extra_sizes.{name}': {name!r} is a built-in size; give the extra size another name "
+        f"(built-in: {', '.join(MODEL_SIZES)})"
         for name in extra
         if name in MODEL_SIZES
     ]
@@ -151,7 +188,8 @@ def validate_semantics(config: Mapping[str, Any]) -> None:
         for study in config.get("studies", []):
             if not S.cells(study, config[study]):
                 why = S.study(study).why_invalid or "every combination is invalid"
-                problems.append(f"config key '{study}.grid': no valid cell: {why}")
+                grid = "; ".join(f"{axis} {config[study]['grid'][axis]}" for axis in S.study(study).axes)
+                problems.append(f"config key '{study}.grid': no valid cell: {why} (this grid: {grid})")
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
