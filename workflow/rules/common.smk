@@ -13,7 +13,7 @@ from cs336sys import studies as S
 from cs336sys.cli import command_line
 from cs336sys.pipeline.faults import FAULT_ENV, check_fault_spec
 from cs336sys.pipeline.gpulock import visible_gpus
-from cs336sys.pipeline.config import ConfigError, load_yaml, validate_config
+from cs336sys.pipeline.config import ConfigError, load_yaml, settings_snapshot, validate_config
 from cs336sys.pipeline.provenance import file_hash, modules_hash, module_closure
 
 try:
@@ -41,7 +41,8 @@ SCRIPT_HASH = {p.name: file_hash(p) for p in SCRIPTS.glob("*.py")}
 # merge, figures and report hash the modules they import (report modules of the studies run)
 _REPORTS = [S.study(s).report_module for s in STUDIES]
 MERGE_CODE = modules_hash(module_closure(["cs336sys.analysis.tables"]))
-PLOT_CODE = modules_hash(module_closure(["cs336sys.analysis.plots", *_REPORTS]))
+# each study's figures hash its own report module: editing one study's figures replots only it
+PLOT_CODE = {s: modules_hash(module_closure(["cs336sys.analysis.plots", S.study(s).report_module])) for s in STUDIES}
 REPORT_CODE = modules_hash(module_closure(["cs336sys.analysis.report", *_REPORTS]))
 
 
@@ -103,6 +104,10 @@ def nsys_log():
     return f"logs/{RUN}/profile/nsys/{{cell}}.log"
 
 
+def answers_md():
+    return f"report/{RUN}/answers.md"
+
+
 NSYS = "profile" in STUDIES and config["profile"]["nsys"]
 if NSYS and shutil.which("nsys") is None:
     raise WorkflowError(
@@ -116,7 +121,7 @@ def final_outputs():
     cells = [path for s in STUDIES for path in expand(cell_csv(s), cell=GRIDS[s])]
     nsys = expand(nsys_rep(), cell=GRIDS["profile"]) if NSYS else []
     return (
-        [report_md(), config_snapshot()]
+        [report_md(), answers_md(), config_snapshot()]
         + [study_csv(s) for s in STUDIES]
         + cells
         + [figure_dir(s) for s in STUDIES]
@@ -153,6 +158,15 @@ def cell_resource(study, key):
 def cell_timeout(study):
     # a resource, not a param: changing a time limit reruns no cell that finished in time
     return int(-(-config[study]["timeout_s"] // 1))
+
+
+def plot_code(wildcards):
+    return PLOT_CODE[wildcards.study]
+
+
+def run_settings():
+    """The config as the run's snapshot records it: without job resources, which change no number."""
+    return settings_snapshot(config)
 
 
 def study_cells(wildcards):

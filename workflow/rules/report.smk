@@ -37,7 +37,7 @@ rule plots:
         f"logs/{RUN}/plots/{{study}}.log",
     params:
         run=RUN,
-        code=PLOT_CODE,
+        code=plot_code,
         script=SCRIPT_HASH["plot.py"],
     script:
         "../scripts/plot.py"
@@ -51,7 +51,7 @@ rule snapshot:
     log:
         f"logs/{RUN}/snapshot.log",
     params:
-        config=config,
+        config=run_settings(),
     script:
         "../scripts/snapshot.py"
 
@@ -73,3 +73,30 @@ rule report:
         script=SCRIPT_HASH["report.py"],
     script:
         "../scripts/report.py"
+
+
+# Each benchmarking question of the handout, answered from the merged CSVs (report/<run>/answers.md).
+ANSWERS_CODE = modules_hash(module_closure(["cs336sys.analysis.answers", *_REPORTS]))
+
+
+localrules:
+    answers,
+
+
+rule answers:
+    input:
+        csvs=expand(study_csv("{s}"), s=STUDIES),
+        snapshot=config_snapshot(),
+    output:
+        report(
+            answers_md(), caption="../report/answers.rst", category="Report", labels={"file": "answers.md"}
+        ),
+    log:
+        f"logs/{RUN}/answers.log",
+    params:
+        run=RUN,
+        studies=STUDIES,
+        code=ANSWERS_CODE,
+        script=SCRIPT_HASH["answers.py"],
+    script:
+        "../scripts/answers.py"

@@ -131,7 +131,17 @@ def write_report(
     """
     frames = {name: load_study(path, name) for name, path in zip(studies, csvs)}
     report_dir = out.parent
-    lines = [f"# cs336sys benchmark report — run `{run}`", "", DEFINITIONS, "## Environment", "", md_table(_environment(frames)), ""]
+    lines = [
+        f"# cs336sys benchmark report — run `{run}`",
+        "",
+        "The handout's benchmarking questions, answered from this run's data: [answers.md](answers.md).",
+        "",
+        DEFINITIONS,
+        "## Environment",
+        "",
+        md_table(_environment(frames)),
+        "",
+    ]
     lines += ["## Cells per study and status", "", md_table(_status_counts(frames)), ""]
     efficiency = sweep_efficiency(frames, benchmarks)
     if not efficiency.empty:

@@ -207,3 +207,16 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA_PATH) -> dict
     validate_schema(config, schema_path)
     validate_semantics(config)
     return config
+
+
+def settings_snapshot(config: Mapping[str, Any]) -> dict:
+    """A validated config without each study's ``timeout_s`` and ``resources``: what a run's numbers depend on.
+
+    Job limits change no measured number, so changing them must not rewrite a run's
+    snapshot (and with it its report).
+    """
+    snapshot = _copy(dict(config))
+    for study in snapshot.get("studies") or []:
+        for key in ("timeout_s", "resources"):
+            (snapshot.get(study) or {}).pop(key, None)
+    return snapshot

@@ -1,0 +1,322 @@
+"""Answers of handout §1.2.1 (attention scaling), §1.3 (torch.compile, FlashAttention-2, leaderboard) and of the
+ReLU/SoftMax–Performer benchmark (study ``mha``) from a run's tables."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pandas as pd
+
+from cs336sys.analysis.answers_common import Note, Run, device, first, links, listing, mib, not_measured, num, section
+from cs336sys.analysis.findings import oom_frontier, paired_ratios, scaling_slopes
+from cs336sys.analysis.markdown import md_table
+from cs336sys.analysis.tables import ok_rows
+from cs336sys.studies.attention.report import GROUPS, PANELS, memory_check
+from cs336sys.studies.e2e.report import LM_KEYS, graph_speedup
+from cs336sys.studies.flash.report import INDEX as FLASH_INDEX
+from cs336sys.studies.mha.report import GROUPS as MHA_GROUPS
+from cs336sys.studies.mha.report import METRICS
+
+QA = list[tuple[str, str]]
+SHAPE = ["seq_len", "head_dim", "precision", "num_heads"]
+
+
+def _prefer(values, *wanted):
+    """The first of ``wanted`` among ``values``, else the first value."""
+    values = list(values)
+    return next((w for w in wanted if w in values), values[0])
+
+
+def _reference(df: pd.DataFrame) -> dict:
+    """The measured configuration closest to the handout's: eager softmax attention, fp32, causal."""
+    keys = ["impl", "activation", "precision", "causal"]
+    measured = ok_rows(df)[keys].drop_duplicates()
+    best = max(
+        measured.itertuples(index=False), key=lambda c: (c.impl == "eager", c.activation == "softmax", c.precision == "fp32", c.causal == 1)
+    )
+    return dict(zip(keys, best))
+
+
+def _name(ref: dict) -> str:
+    return f"{ref['impl']} {ref['activation']} attention ({ref['precision']}{', causal' if ref['causal'] else ''})"
+
+
+def _ran(largest_ok) -> str:
+    return f" (largest that ran: {largest_ok:.0f})" if largest_ok is not None and pd.notna(largest_ok) else " (no shorter length ran)"
+
+
+def _attention_qa(run: Run) -> list[str]:
+    df = run.rows("attention")
+    if df is None:
+        return [run.absent("attention", "`attention.grid.seq_len`")] * 4
+    ref, dev, note = _reference(df), device(df), Note(df)
+    rows = ok_rows(df, **ref)
+    fig = run.figure("attention", f"scaling_causal-{ref['causal']}_{ref['precision']}")
+    per_d = []
+    for d in sorted(rows["d_model"].unique()):
+        part = rows[(rows["d_model"] == d) & (rows["mode"] == "train")]
+        lo, hi = part["seq_len"].min(), part["seq_len"].max()
+        times = [f"{ph} {note.ms(first(part, seq_len=lo, phase=ph))} at {lo} → {note.ms(first(part, seq_len=hi, phase=ph))} at {hi}"
+                 for ph in ("forward", "backward") if first(part, seq_len=lo, phase=ph) is not None and first(part, seq_len=hi, phase=ph) is not None]  # fmt: skip
+        per_d.append(f"d_model {d}: {', '.join(times)}")
+    batch = rows["batch_size"].dropna() if "batch_size" in rows else pd.Series(dtype=float)
+    batch = f", batch {int(batch.max())}" if len(batch) else ""
+    a = note.end(f"On {dev}, {_name(ref)}{batch} — {'; '.join(per_d)}.") + links(section("attention"), fig)
+
+    check = memory_check(df)
+    mine = (
+        check[(check["impl"] == ref["impl"]) & (check["activation"] == ref["activation"]) & (check["precision"] == ref["precision"])]
+        if not check.empty
+        else check
+    )
+    if mine.empty:
+        b = f"_not measured in this run: no memory statistics for {_name(ref)} (they need a CUDA device; this run: {dev})._"
+    else:
+        d = mine["d_model"].max()
+        mine = mine[mine["d_model"] == d].sort_values("seq_len")
+        lo, hi = mine.iloc[0], mine.iloc[-1]
+        others = check[(check["impl"] != ref["impl"]) & (check["seq_len"] == hi["seq_len"]) & (check["d_model"] == d)]
+        rest = [f"{r.impl} {r.activation} keeps {num(r.kept_for_backward_mib)} MiB" for r in others.itertuples()]
+        grows = (
+            (
+                f" — and {num(lo['kept_for_backward_mib'])} MiB at {lo['seq_len']}: {hi['kept_for_backward_mib'] / lo['kept_for_backward_mib']:.3g}× "
+                f"for a {hi['seq_len'] / lo['seq_len']:.3g}× longer sequence"
+            )
+            if hi["seq_len"] > lo["seq_len"] and lo["kept_for_backward_mib"] > 0
+            else ""
+        )
+        b = (f"With d_model {d}, {_name(ref)} keeps {num(hi['kept_for_backward_mib'])} MiB for the backward at seq_len {hi['seq_len']}, "
+             f"{hi['kept_in_LxL_matrices']:.3g} (batch, L, L) matrices of {num(hi['one_LxL_matrix_mib'])} MiB{grows}"
+             + (f"; at {hi['seq_len']}, {listing(rest)}" if rest else "") + "." + links(section("attention")))  # fmt: skip
+
+    front = oom_frontier(df, GROUPS)
+    hit = front[front["first_oom"].notna()]
+    if hit.empty:
+        c = f"No configuration ran out of memory on {dev}, up to seq_len {df['seq_len'].max()}." + links(section("attention"))
+    else:
+        fails = []
+        for r in hit.itertuples():
+            err = df[(df["status"] == "oom") & (df["seq_len"] == r.first_oom) & (df["impl"] == r.impl) & (df["activation"] == r.activation)]
+            asked = re.search(r"Tried to allocate [\d.]+ \w+", " ".join(err["error"].astype(str)))
+            fails.append(f"{r.impl} {r.activation} (d_model {r.d_model}, {r.precision}) at seq_len {r.first_oom:.0f}"
+                         f"{_ran(r.largest_ok)}{f' ({asked.group(0)})' if asked else ''}")  # fmt: skip
+        c = f"On {dev}, the first out-of-memory: {listing(fails)}; the other configurations ran every length." + links(section("attention"))
+
+    slopes = scaling_slopes(df, GROUPS, PANELS)
+    slopes = slopes[(slopes["precision"] == ref["precision"]) & (slopes["causal"] == ref["causal"])]
+    mem = [f"{r.impl} {r.activation} {r.slope_step_mem:.3g}" for r in slopes.itertuples() if pd.notna(r.slope_step_mem)]
+    tim = [f"{r.impl} {r.activation} {r.slope_forward_time:.3g}" for r in slopes.itertuples() if pd.notna(r.slope_forward_time)]
+    peak = f"peak memory: {', '.join(mem)}" if mem else f"peak memory not measured (memory statistics need a CUDA device; this run: {dev})"
+    d_ = (f"Log–log slope in seq_len over the longest lengths that ran (2 is quadratic) — {peak}; forward time: {', '.join(tim)}."
+          + links(section("attention"), fig)) if tim else not_measured("`attention.grid.seq_len` with two or more lengths")  # fmt: skip
+    return [a, b, c, d_]
+
+
+def answers_121(run: Run) -> QA:
+    a, b, c, d = _attention_qa(run)
+    return [
+        ("(a) How long do attention's forward and backward take, per d_model and sequence length?", a),
+        ("(b) How much memory is held for the backward, and how does it grow?", b),
+        ("(c) Where does it run out of memory?", c),
+        ("(d) How does memory scale with sequence length?", d),
+    ]
+
+
+def _compile(run: Run) -> str:
+    parts, note, used = [], Note(*(run.rows(s) for s in ("attention", "e2e", "warmup"))), []
+    att = run.rows("attention")
+    if att is not None and {"eager", "compiled"} <= set(ok_rows(att)["impl"]):
+        r = paired_ratios(
+            ok_rows(att, mode="train", phase="step"),
+            ["d_model", "seq_len", "activation", "causal", "precision"],
+            "impl",
+            "eager",
+            "compiled",
+        )
+        if not r.empty:
+            top = r.sort_values("seq_len").iloc[-1]
+            used.append("attention")
+            parts.append(
+                f"eager / compiled attention training step at seq_len {top['seq_len']} (d_model {top['d_model']}): {note.ratio(top)}"
+            )
+    e2e = run.rows("e2e")
+    if e2e is not None and "compile" in e2e and e2e["compile"].nunique() > 1:
+        rows = ok_rows(e2e, phase="step")
+        rows = rows[rows["cuda_graphs"] == 0] if "cuda_graphs" in rows else rows
+        r = paired_ratios(rows, [k for k in LM_KEYS if k not in ("compile", "cuda_graphs")] + ["mode"], "compile", 0, 1)
+        used += ["e2e"] if not r.empty else []
+        parts += [f"eager / compiled {x['mode']} step of {x['size']} (context {x['context_length']}, {x['precision']}, {x['impl']}): {note.ratio(x)}"
+                  for _, x in r.iterrows()][:4]  # fmt: skip
+    warm = run.rows("warmup")
+    if not parts and warm is not None and ok_rows(warm)["compile"].nunique() > 1:
+        rows = ok_rows(warm, warmup_steps=ok_rows(warm)["warmup_steps"].max())
+        r = paired_ratios(rows[rows["phase"] == "step"], ["mode"], "compile", 0, 1)
+        used += ["warmup"] if not r.empty else []
+        parts += [f"eager / compiled {x['mode']} step after warm-up (warmup study): {note.ratio(x)}" for _, x in r.iterrows()]
+    if not parts:
+        return not_measured("`e2e.grid.compile: [false, true]` or `attention.grid.impl: [eager, compiled]`")
+    return note.end(f"On {device(att, e2e, warm)}: {'; '.join(parts)} (above 1×: compiled is faster).") + links(*map(section, used))
+
+
+def _graphs(run: Run) -> str:
+    e2e = run.rows("e2e")
+    ratios = graph_speedup(e2e) if e2e is not None and "cuda_graphs" in e2e else pd.DataFrame()
+    if ratios.empty:
+        return not_measured("`e2e.grid.cuda_graphs: [false, true]`")
+    note = Note(e2e)
+    parts = [
+        f"{r['mode']} step of {r['size']} (context {r['context_length']}, {r['precision']}, {r['impl']}): {note.ratio(r)}"
+        for _, r in ratios.iterrows()
+    ]
+    optim = (
+        " (the graph's training step uses fused, capturable AdamW; the eager one the configured optimizer)"
+        if (ratios["mode"] == "train").any()
+        else ""
+    )
+    return note.end(f"Eager launches / one replayed CUDA graph on {device(e2e)}: {'; '.join(parts)}{optim}.") + links(section("e2e"))
+
+
+def _leaderboard(run: Run, ok: pd.DataFrame) -> tuple[tuple, str] | None:
+    """The leaderboard shape and where it came from: the run's config, else a shape outside the grid.
+
+    Without a config snapshot (runs before snapshots), the leaderboard cells are the shape whose
+    removal leaves a full product of axis values; where several qualify, the one with the most heads
+    (the leaderboard is multi-head, the flash grid sweeps one head), then the longest sequence.
+    """
+    board = (run.config.get("flash") or {}).get("leaderboard")
+    if board:
+        return tuple(board[k] for k in SHAPE), "the run's `flash.leaderboard`"
+    shapes = set(ok[SHAPE].drop_duplicates().itertuples(index=False, name=None))
+    found = []
+    for s in shapes:
+        rest = shapes - {s}
+        grid = set(itertools.product(*({x[i] for x in rest} for i in range(len(SHAPE)))))
+        if rest and grid == rest and s not in grid:
+            found.append(s)
+    if not found:
+        return None
+    best = max(found, key=lambda s: (s[3], s[0], s[1]))
+    return best, "no config recorded: the cells outside the grid's product" + (", with the most heads" if len(found) > 1 else "")
+
+
+def _flash(run: Run) -> tuple[str, str]:
+    df = run.rows("flash")
+    if df is None:
+        return run.absent("flash", "`flash.grid.impl: [triton, sdpa-flash, …]`"), run.absent("flash", "`flash.leaderboard`")
+    ok = ok_rows(df).dropna(subset=["median_ms"])
+    impls = sorted(ok["impl"].unique())
+    if "triton" not in impls or len(impls) < 2:
+        return not_measured("`flash.grid.impl` with `triton` and a PyTorch implementation"), not_measured("`flash.leaderboard`")
+    note, table, wins = Note(ok), [], []
+    for key, part in ok.groupby(FLASH_INDEX):
+        row = dict(zip(FLASH_INDEX, key)) | {impl: note.ms(first(part, impl=impl)) for impl in impls if first(part, impl=impl) is not None}
+        others = part[part["impl"] != "triton"]
+        if "triton" in set(part["impl"]) and not others.empty:
+            best = others.loc[others["median_ms"].idxmin(), "impl"]
+            r = paired_ratios(part, FLASH_INDEX, "impl", best, "triton")
+            row["fastest PyTorch / ours"] = f"{best}: {note.ratio(r.iloc[0])}" if not r.empty else "—"
+            wins += [bool(r["ratio"].iloc[0] > 1 and "no significant" not in row["fastest PyTorch / ours"])] if not r.empty else []
+        table.append(row)
+    table = pd.DataFrame(table)
+    a = note.end(f"On {device(ok)}, our Triton FlashAttention-2 kernel (`triton`) is faster than the fastest PyTorch implementation "
+                 f"in {sum(wins)} of {len(wins)} (shape, phase) rows; median ms (do_bench) per implementation below.") + links(section("flash"))  # fmt: skip
+    a += "\n\n" + md_table(table.rename(columns={"triton": "triton (ours)"}))
+    found = _leaderboard(run, ok)
+    if found is None:
+        return a, not_measured("`flash.leaderboard`")
+    shape, source = found
+    board = ok[(ok[SHAPE].apply(tuple, axis=1) == shape) & (ok["phase"] == "forward_backward")]
+    ours = first(board, impl="triton")
+    if ours is None:
+        return a, not_measured("`flash.leaderboard` with `flash.grid.impl` including `triton`")
+    lb = Note(ok)
+    rivals = []
+    for _, r in board[board["impl"] != "triton"].iterrows():
+        ratio = paired_ratios(board, ["phase"], "impl", r["impl"], "triton")
+        rivals.append(f"{r['impl']} {lb.ms(r)}" + (f" ({lb.ratio(ratio.iloc[0])} our time)" if not ratio.empty else ""))
+    if not rivals:
+        return a, not_measured("`flash.leaderboard` with `flash.grid.impl` including a PyTorch implementation")
+    b = lb.end(f"Leaderboard configuration (seq_len {shape[0]}, head_dim {shape[1]}, {shape[2]}, {shape[3]} heads; {source}) on {device(board)}: "
+               f"forward+backward {lb.ms(ours)} with our Triton kernel, against {listing(rivals)}.") + links(section("flash"))  # fmt: skip
+    return a, b
+
+
+def answers_13(run: Run) -> QA:
+    table, board = _flash(run)
+    return [
+        ("(torch.compile) How much does torch.compile speed up attention and the whole model?", _compile(run)),
+        ("(CUDA graphs) What does launching each kernel from Python cost?", _graphs(run)),
+        ("(FlashAttention-2) How does our Triton kernel compare with PyTorch's implementations?", table),
+        ("(leaderboard) How fast is the leaderboard configuration?", board),
+    ]
+
+
+def answers_mha(run: Run) -> QA:
+    df = run.rows("mha")
+    if df is None:
+        return [(q, run.absent("mha", "`mha.grid.seq_len`")) for q in _MHA_QUESTIONS]
+    ok, note = ok_rows(df), Note(df)
+    dims = ok.groupby(["embed_dim", "num_heads"])["seq_len"].nunique().idxmax()
+    sel = df[(df["embed_dim"] == dims[0]) & (df["num_heads"] == dims[1])]
+    where = f"embed_dim {dims[0]}, {dims[1]} heads, {device(sel)}"
+    label = lambda r: f"{r.variant} {r.kernel}" + (f" (m={r.num_features})" if r.variant == "performer" else "")
+    slopes = scaling_slopes(sel, MHA_GROUPS, list(METRICS.values()))
+    fwd = [f"{label(r)} {r.slope_forward_time:.3g}" for r in slopes.itertuples() if pd.notna(r.slope_forward_time)]
+    mem = [f"{label(r)} {r.slope_step_mem:.3g}" for r in slopes.itertuples() if pd.notna(r.slope_step_mem)]
+    peak = (
+        f"; of training-step peak memory: {', '.join(mem)}"
+        if mem
+        else f"; peak memory not measured (memory statistics need a CUDA device; this run: {device(sel)})"
+    )
+    a = (f"Log–log slope in seq_len ({where}) of forward time: {', '.join(fwd)}{peak} (2 is quadratic, 1 linear)." + links(section("mha"), run.figure("mha", f"mha_embed-{dims[0]}"))) if fwd else not_measured("`mha.grid.seq_len` with two or more lengths")  # fmt: skip
+    front = oom_frontier(sel, MHA_GROUPS)
+    hit = [f"{label(r)} at seq_len {r.first_oom:.0f}{_ran(r.largest_ok)}" for r in front.itertuples() if pd.notna(r.first_oom)]
+    b = (f"First out-of-memory ({where}): {listing(hit)}; every other variant ran up to seq_len {sel['seq_len'].max()}." if hit
+         else f"No variant ran out of memory ({where}), up to seq_len {sel['seq_len'].max()}.") + links(section("mha"))  # fmt: skip
+    L = ok_rows(sel, mode="inference", phase="forward").dropna(subset=["median_ms"])["seq_len"].max()
+    at = [(label(r), r) for r in ok_rows(sel, seq_len=L).itertuples()] if pd.notna(L) else []
+    fw = {name: r for name, r in at if r.mode == "inference" and r.phase == "forward"}
+    pk = {name: r.peak_mem_bytes for name, r in at if r.mode == "train" and r.phase == "step" and pd.notna(r.peak_mem_bytes)}
+    c = note.end(f"At seq_len {L} ({where}): " + "; ".join(
+        f"{name} forward {note.ms(r._asdict())}" + (f", training-step peak {mib(pk[name])}" if name in pk else "") for name, r in fw.items()) + ".")  # fmt: skip
+    c = (c + links(section("mha"))) if fw else not_measured("`mha.modes` with `inference`")
+    return list(zip(_MHA_QUESTIONS, [a, b, c, _relu_vs_softmax(run, sel, note, where)]))
+
+
+def _relu_vs_softmax(run: Run, sel: pd.DataFrame, note: Note, where: str) -> str:
+    parts = []
+    fwd = ok_rows(sel, mode="inference", phase="forward")
+    r = paired_ratios(fwd, ["variant", "num_features", "seq_len"], "kernel", "softmax", "relu")
+    for variant, g in r.groupby("variant") if not r.empty else []:
+        top = g.sort_values("seq_len").iloc[-1]
+        parts.append(f"{variant} softmax / ReLU forward at seq_len {top['seq_len']}: {note.ratio(top)}")
+    att = run.rows("attention")
+    if att is not None:
+        ref = _reference(att)
+        r = paired_ratios(
+            ok_rows(att, mode="train", phase="forward"),
+            ["impl", "d_model", "seq_len", "causal", "precision"],
+            "activation",
+            "softmax",
+            "relu",
+        )
+        r = r[r["impl"] == ref["impl"]] if not r.empty else r
+        if not r.empty:
+            top = r.sort_values("seq_len").iloc[-1]
+            parts.append(
+                f"{ref['impl']} attention core softmax / ReLU forward at seq_len {top['seq_len']} (attention study): {note.ratio(top)}"
+            )
+    if not parts:
+        return not_measured("`mha.grid.kernel: [softmax, relu]` or `attention.grid.activation: [softmax, relu]`")
+    return note.end(f"Time of softmax over ReLU attention ({where}): {'; '.join(parts)} (above 1×: ReLU is faster).") + links(
+        section("mha")
+    )
+
+
+_MHA_QUESTIONS = [
+    "(a) Do exact and Performer attention scale as expected (slope ≈2 vs ≈1)?",
+    "(b) Where does each variant run out of memory?",
+    "(c) How do time and memory compare at the longest sequence?",
+    "(d) ReLU vs softmax: is ReLU attention faster?",
+]

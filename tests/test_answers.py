@@ -1,0 +1,198 @@
+"""report/<run>/answers.md from committed runs and a synthetic one: every handout question gets a line, numbers
+match the CSVs, absent studies read "not measured", overlapping intervals read "no significant difference"."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cs336sys.analysis.answers import NOT_ANSWERED, SECTIONS, discover, main, write_answers
+from cs336sys.analysis.answers_common import Run
+from cs336sys.analysis.tables import load_study
+from workflow_helpers import REPO
+
+RESULTS = REPO / "results"
+COMMITTED = ["h200", "h200-sizes", "h200-full", "h100-e2e-a", "h100-e2e-b"]
+
+# Every benchmarking question of the handout (and the mha pages) the page must carry: (heading, question start).
+QUESTIONS = [
+    ("§1.1.3", "(a) How long do a forward and a backward pass take"),
+    ("§1.1.3", "(b) With warm-up, how variable"),
+    ("§1.1.3", "(c) What changes without warm-up"),
+    ("§1.1.4", "(a) Does the profiler's forward time match"),
+    ("§1.1.4", "(b) Which kernel takes the most forward time"),
+    ("§1.1.4", "(c) Which non-matmul kernels"),
+    ("§1.1.4", "(d) What share of time do matmuls take"),
+    ("§1.1.4", "(e) Inside attention, how does softmax time compare"),
+    ("§1.1.5", "(a) What do the accumulation loops give"),
+    ("§1.1.5", "(b) Which dtype does each part of the model get under autocast"),
+    ("§1.1.5", "(c) How much faster is a bf16 mixed-precision step"),
+    ("§1.1.6", "(a) How does memory evolve over an inference forward vs a training step"),
+    ("§1.1.6", "(b) What is the peak memory per context length"),
+    ("§1.1.6", "(c) Does bf16 mixed precision change the peak"),
+    ("§1.1.6", "(d) How large is one residual-stream activation"),
+    ("§1.1.6", "(e) What are the largest allocations"),
+    ("§1.2.1", "(a) How long do attention's forward and backward take"),
+    ("§1.2.1", "(b) How much memory is held for the backward"),
+    ("§1.2.1", "(c) Where does it run out of memory"),
+    ("§1.2.1", "(d) How does memory scale with sequence length"),
+    ("§1.3", "(torch.compile)"),
+    ("§1.3", "(CUDA graphs)"),
+    ("§1.3", "(FlashAttention-2)"),
+    ("§1.3", "(leaderboard)"),
+    ("mha", "(a) Do exact and Performer attention scale as expected"),
+    ("mha", "(b) Where does each variant run out of memory"),
+    ("mha", "(c) How do time and memory compare at the longest sequence"),
+    ("mha", "(d) ReLU vs softmax"),
+]
+
+
+def _page(tmp_path: Path, run: str) -> str:
+    out = write_answers(tmp_path / run / "answers.md", run, discover(RESULTS / run))
+    return out.read_text()
+
+
+def _answers(page: str) -> dict[str, str]:
+    """Question start → its answer (the rest of the paragraph after the bold question)."""
+    found = {}
+    for paragraph in page.split("\n\n"):
+        m = re.match(r"\*\*(.+?)\*\* (.+)", paragraph, re.S)
+        if m:
+            found[m.group(1)] = m.group(2)
+    return {
+        start: next(a for q, a in found.items() if q.startswith(start)) for _, start in QUESTIONS if any(q.startswith(start) for q in found)
+    }
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory) -> dict[str, str]:
+    tmp = tmp_path_factory.mktemp("answers")
+    return {run: _page(tmp, run) for run in COMMITTED}
+
+
+@pytest.mark.parametrize("run", COMMITTED)
+def test_every_question_has_one_line_and_no_nan(pages, run):
+    page = pages[run]
+    answers = _answers(page)
+    assert set(answers) == {start for _, start in QUESTIONS}, sorted({s for _, s in QUESTIONS} - set(answers))
+    for _, start in QUESTIONS:
+        assert page.count(f"**{start}") == 1, start
+        assert answers[start].strip(), start
+    assert not re.search(r"\bnan\b", page, re.I), [line for line in page.splitlines() if re.search(r"\bnan\b", line, re.I)]
+    assert NOT_ANSWERED not in page
+    report = REPO / "report" / run  # the committed report and figures the links point to
+    for figure in set(re.findall(r"\]\((figures/[^)]+\.png)\)", page)):
+        assert (report / figure).is_file(), figure
+    for study in set(re.findall(r"report\.md#study-(\w+)", page)):
+        assert f"## Study `{study}`" in (report / "report.md").read_text(), study
+    headings = [line for line in page.splitlines() if line.startswith("## ")]
+    assert len(headings) == len(SECTIONS)
+    for heading, _ in QUESTIONS:  # each question sits under its handout section
+        assert any(heading in h for h in headings), heading
+
+
+def test_h200_answers_from_its_data(pages):
+    page, answers = pages["h200"], _answers(pages["h200"])
+    e2e = load_study(RESULTS / "h200" / "e2e.csv", "e2e")
+    step = e2e[(e2e["mode"] == "train") & (e2e["phase"] == "step") & (e2e["impl"] == "eager") & (e2e["size"] == "small")]
+    step = step[step["context_length"] == 512].set_index("precision")["median_ms"]
+    speedup = f"{step['fp32'] / step['bf16']:.3g}×"  # describe_ratio's format
+    assert f"{speedup} at context 512" in answers["(c) How much faster is a bf16 mixed-precision step"]
+    forward = e2e[(e2e["mode"] == "train") & (e2e["phase"] == "forward") & (e2e["impl"] == "eager") & (e2e["precision"] == "fp32")]
+    forward = forward[(forward["size"] == "large") & (forward["context_length"] == 512)]["median_ms"].iloc[0]
+    assert f"large: forward {forward:.4g} ms" in answers["(a) How long do a forward and a backward pass take"]
+    assert "NVIDIA H200" in answers["(a) How long do a forward and a backward pass take"]
+    assert "(no interval recorded)" in answers["(a) How long do a forward and a backward pass take"]  # an old run: no intervals
+    assert "report.md#study-e2e" in answers["(a) How long do a forward and a backward pass take"]
+    assert "figures/e2e/bf16_speedup.png" in answers["(c) How much faster is a bf16 mixed-precision step"]
+    # studies of the run answer their questions; what the run did not measure says so
+    measured = [s for _, s in QUESTIONS if s not in ("(torch.compile)", "(CUDA graphs)")]
+    assert not [s for s in measured if "not measured" in answers[s]]
+    assert "not measured in this run: enable `e2e.grid.compile" in answers["(torch.compile)"]
+    assert "seq_len 32768" in answers["(c) Where does it run out of memory"]  # the eager softmax OOM cell
+    assert "Leaderboard configuration (seq_len 16384, head_dim 64, bf16, 16 heads;" in answers["(leaderboard)"]  # no snapshot: found
+    prof = load_study(RESULTS / "h200" / "profile.csv", "profile")
+    assert prof["device_name"].iloc[0] in page
+
+
+def test_a_run_without_a_study_says_not_measured(pages):
+    answers = _answers(pages["h200-sizes"])  # e2e and profile only
+    for heading, start in QUESTIONS:
+        text = answers[start]
+        from_e2e_or_profile = heading == "§1.1.4" or start.startswith(
+            ("(a) How long do a forward", "(b) With warm-up", "(c) How much faster")
+        )
+        if from_e2e_or_profile:
+            assert "not measured" not in text, start
+        elif start in ("(torch.compile)", "(CUDA graphs)", "(FlashAttention-2)", "(leaderboard)") or heading != "§1.3":
+            assert text.startswith("_not measured in this run: enable "), (start, text)
+    assert "enable `warmup` (`studies:`)" in answers["(c) What changes without warm-up"]
+    assert "the same kernel leads both in" in answers["(b) Which kernel takes the most forward time"]
+
+
+def _synthetic_e2e(path: Path) -> Path:
+    """Two sizes, fp32 and bf16 training steps with intervals: small's overlap, large's do not."""
+    times = {("small", "fp32"): (10.0, 9.0, 12.0), ("small", "bf16"): (9.5, 8.5, 11.0),
+             ("large", "fp32"): (20.0, 19.5, 20.5), ("large", "bf16"): (10.0, 9.8, 10.2)}  # fmt: skip
+    rows = []
+    for (size, precision), (median, low, high) in times.items():
+        cell = f"size={size}_context_length=128_precision={precision}_impl=eager_compile=0_cuda_graphs=0"
+        for phase, share in (("step", 1.0), ("forward", 0.3), ("backward", 0.6)):
+            rows.append(dict(study="e2e", cell_id=cell, status="ok", error="", size=size, context_length=128, precision=precision,
+                             impl="eager", compile=0, cuda_graphs=0, mode="train", phase=phase, median_ms=median * share,
+                             ci_low_ms=low * share, ci_high_ms=high * share, mean_ms=median * share, std_ms=0.1, n=30, trials=3,
+                             ci_rel=(high - low) / 2 / median, noisy=False, host_bound=False, batch_size=4, device_name="Test GPU"))  # fmt: skip
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def test_overlapping_intervals_read_no_significant_difference(tmp_path):
+    csv = _synthetic_e2e(tmp_path / "e2e.csv")
+    out = write_answers(tmp_path / "answers.md", "synthetic", {"e2e": csv})
+    answers = _answers(out.read_text())
+    bf16 = answers["(c) How much faster is a bf16 mixed-precision step"]
+    assert "small no significant difference (1.05× [0.818, 1.41]) at context 128" in bf16
+    assert "large 2× [1.91, 2.09] at context 128" in bf16
+    assert "Test GPU" in bf16 and "(no interval recorded)" not in bf16
+    assert "small: forward 3 ms [2.7, 3.6]" in answers["(a) How long do a forward and a backward pass take"]
+    assert answers["(a) What do the accumulation loops give"].startswith("_not measured in this run: enable `precision`")
+    assert not re.search(r"\bnan\b", out.read_text(), re.I)
+
+
+def test_cli_discovers_the_merged_csvs(tmp_path):
+    run = tmp_path / "results" / "synthetic"
+    run.mkdir(parents=True)
+    _synthetic_e2e(run / "e2e.csv")
+    (run / "notes.csv").write_text("a\n1\n")  # not a study: ignored
+    assert discover(run) == {"e2e": run / "e2e.csv"}
+    out = tmp_path / "answers.md"
+    assert main([str(run), "--out", str(out)]) == 0
+    assert "— run `synthetic`" in out.read_text()
+
+
+def test_a_study_whose_cells_all_failed_says_why():
+    frame = pd.DataFrame([{"study": "memory", "cell_id": "x", "status": "skipped", "error": "needs CUDA\nmore"}])
+    text = Run("r", {"memory": frame}).absent("memory", "`memory.grid.context_length`")
+    assert text == "_not measured in this run: every `memory` cell ended skipped (needs CUDA)._"
+
+
+@pytest.mark.parametrize("pick", ["first", "first-two", "last", "failed"])
+@pytest.mark.parametrize("run", COMMITTED)
+def test_reduced_grids_still_answer_every_question(tmp_path, run, pick):
+    """Each study cut down to a cell or two (or to its failed cells): every question still gets a sentence or a
+    "not measured" line, never an exception, a "nan" or a broken section."""
+    csvs = {}
+    for study, path in discover(RESULTS / run).items():
+        df = load_study(path, study)
+        cells = list(dict.fromkeys(df["cell_id"]))
+        failed = list(dict.fromkeys(df.loc[df["status"] != "ok", "cell_id"]))
+        keep = {"first": cells[:1], "first-two": cells[:2], "last": cells[-1:], "failed": failed}[pick]
+        csvs[study] = tmp_path / f"{study}.csv"
+        df[df["cell_id"].isin(keep)].to_csv(csvs[study], index=False)
+    page = write_answers(tmp_path / "answers.md", "reduced", csvs).read_text()
+    assert NOT_ANSWERED not in page
+    assert not re.search(r"\bnan\b", page, re.I), [line for line in page.splitlines() if re.search(r"\bnan\b", line, re.I)]
+    assert set(_answers(page)) == {start for _, start in QUESTIONS}
