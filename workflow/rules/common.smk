@@ -42,7 +42,9 @@ SCRIPT_HASH = {p.name: file_hash(p) for p in SCRIPTS.glob("*.py")}
 _REPORTS = [S.study(s).report_module for s in STUDIES]
 MERGE_CODE = modules_hash(module_closure(["cs336sys.analysis.tables"]))
 # each study's figures hash its own report module: editing one study's figures replots only it
-PLOT_CODE = {s: modules_hash(module_closure(["cs336sys.analysis.plots", S.study(s).report_module])) for s in STUDIES}
+PLOT_CODE = {
+    s: modules_hash(module_closure(["cs336sys.analysis.plots", S.study(s).report_module])) for s in STUDIES
+}
 REPORT_CODE = modules_hash(module_closure(["cs336sys.analysis.report", *_REPORTS]))
 
 
