@@ -20,6 +20,8 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from cs336sys.measure.gpu_state import throttled  # NVML's reasons decoded once; torch-free
+
 # Ordered: the first substring found in torch.cuda.get_device_name() wins.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0},
@@ -40,7 +42,6 @@ def peak_tflops(device_name: str, precision: str, overrides: Mapping[str, Mappin
 
 
 FLAG_DEFAULTS = {"noisy_rel": 0.05, "min_gpu_busy": 0.9, "min_clock_frac": 0.9}
-BENIGN_THROTTLE = {"", "none", "gpu_idle", "applications_clocks_setting", "nan"}
 
 
 def add_flags(df: pd.DataFrame, flags: Mapping[str, float] | None = None) -> pd.DataFrame:
@@ -64,8 +65,7 @@ def add_flags(df: pd.DataFrame, flags: Mapping[str, float] | None = None) -> pd.
         out["host_bound"] = (busy < t["min_gpu_busy"]).where(busy.notna())
     reasons = [c for c in ("start_throttle_reasons", "end_throttle_reasons") if c in out]
     if reasons:
-        slowing = lambda v: any(r.strip() not in BENIGN_THROTTLE for r in str(v).split(";"))  # noqa: E731
-        out["throttled"] = out[reasons].apply(lambda row: any(slowing(v) for v in row if pd.notna(v)), axis=1)
+        out["throttled"] = out[reasons].apply(lambda row: any(throttled(str(v)) for v in row if pd.notna(v)), axis=1)
     if "end_sm_clock_mhz" in out and "max_sm_clock_mhz" in out:
         sm, top = (pd.to_numeric(out[c], errors="coerce") for c in ("end_sm_clock_mhz", "max_sm_clock_mhz"))
         out["below_clocks"] = (sm < t["min_clock_frac"] * top).where(sm.notna() & top.notna())
