@@ -2,11 +2,18 @@
 
 Every figure is a PNG whose title names the run, the device and the fixed settings;
 failed cells (oom, timeout, error) are drawn as ✕ markers at the top of the axes
-at their x position, never silently dropped.
+at their x position, never silently dropped. Readable at a viewer's width: titles
+wrap to fit their figure or panel, figures of many panels are laid out two panels
+a row with one shared legend, long labels (kernel names) are shortened in the
+middle with a legend of the full names, groups of model sizes follow the size
+table, and no error bar reaches below zero.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -18,6 +25,7 @@ import matplotlib.transforms as mtransforms  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from cs336sys.analysis.markdown import MIB, size_key, value_key  # noqa: E402
 from cs336sys.pipeline.rows import Status  # noqa: E402
 
 OK = Status.OK.value
@@ -32,15 +40,134 @@ def device_of(df: pd.DataFrame) -> str:
     return names.iloc[0] if len(names) else "unknown device"
 
 
+def fit_text(artist, max_px: float, min_fontsize: float = 6.0) -> None:
+    """Wrap ``artist``'s text at spaces to ``max_px`` wide, then shrink it if one word is still wider."""
+    renderer = artist.get_figure().canvas.get_renderer()
+    if not artist.get_text() or artist.get_window_extent(renderer).width <= max_px:
+        return
+    lines = []
+    for paragraph in artist.get_text().split("\n"):
+        line = ""
+        for word in paragraph.split(" "):
+            trial = f"{line} {word}" if line else word
+            artist.set_text(trial)
+            if line and artist.get_window_extent(renderer).width > max_px:
+                lines.append(line)
+                line = word
+            else:
+                line = trial
+        lines.append(line)
+    artist.set_text("\n".join(lines))
+    while artist.get_window_extent(renderer).width > max_px and artist.get_fontsize() > min_fontsize:
+        artist.set_fontsize(artist.get_fontsize() - 0.5)
+
+
 def title(fig, run: str, df: pd.DataFrame, what: str) -> None:
-    fig.suptitle(f"{what} — run {run}, {device_of(df)}", fontsize=10)
+    # a fixed 0.05 in from the top: tight_layout makes room for the title's height only, so the
+    # default y=0.98 (a share of the height) would overlap the first panels of a tall figure
+    text = fig.suptitle(f"{what} — run {run}, {device_of(df)}", fontsize=10, y=1 - 0.05 / fig.get_figheight())
+    fit_text(text, 0.96 * fig.bbox.width)
 
 
-def save(fig, path: Path) -> Path:
-    fig.tight_layout()
+def save(fig, path: Path, bottom: float = 0.0) -> Path:
+    """Lay out (above ``bottom``, a share of the height), wrap each panel title to its panel, lay out again, write."""
+    rect = (0, bottom, 1, 1)
+    fig.tight_layout(rect=rect)
+    for ax in fig.axes:
+        if ax.get_title() and ax.axison:
+            fit_text(ax.title, ax.get_window_extent().width)
+    fig.tight_layout(rect=rect)
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def panel_grid(n: int, ncols: int = 2, panel: tuple[float, float] = (4.4, 3.2)):
+    """``n`` panels two a row (readable at a viewer's width) and one free slot after them for a shared legend.
+
+    Returns (figure, the ``n`` panel axes, the legend's axes); slots beyond those are hidden.
+    """
+    rows = math.ceil((n + 1) / ncols)
+    fig, grid = plt.subplots(rows, ncols, figsize=(panel[0] * ncols, panel[1] * rows), squeeze=False)
+    slots = list(grid.flat)
+    for ax in slots[n + 1 :]:
+        ax.axis("off")
+    slots[n].axis("off")
+    return fig, slots[:n], slots[n]
+
+
+def shared_legend(axes: Sequence, where) -> None:
+    """One legend in ``where`` for every labelled line of ``axes``, each label once, in first-drawn order."""
+    entries: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    if entries:
+        where.legend(list(entries.values()), list(entries), loc="center", frameon=False, fontsize=7)
+
+
+def shorten_middle(text: str, width: int = 60) -> str:
+    """``text`` cut to ``width`` characters in the middle: kernel names differ at the end as often as at the start."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
+
+
+def _around(text: str, at: int, width: int) -> str:
+    """``text`` cut to about ``width`` characters: its start, the part around index ``at``, its end."""
+    third = (width - 2) // 3
+    start = min(max(at - third // 2, third), len(text) - 2 * third)
+    return text[:third] + "…" + text[start : start + third] + "…" + text[len(text) - third :]
+
+
+def short_labels(names: Sequence[str], width: int = 60) -> tuple[list[str], list[tuple[str, str]]]:
+    """Labels for ``names``, and the legend (tag, full name) of those shortened.
+
+    A name longer than ``width`` is shortened in the middle and tagged ``[k]`` so that two
+    names stay two labels even where they share all but a few characters (cuBLAS kernels
+    differ in a tile size halfway along); where two shortened names would read the same,
+    each shows the part where it parts from the other instead of its middle.
+    """
+    unique = list(dict.fromkeys(names))
+    long = [n for n in unique if len(n) > width]
+    plain = {n: shorten_middle(n, width - 5) for n in long}  # 5: room for the tag
+    short = dict(plain)
+    for name in long:
+        twins = [o for o in long if o != name and plain[o] == plain[name]]
+        if twins:
+            short[name] = _around(name, max(len(os.path.commonprefix([name, o])) for o in twins), width - 5)
+    tags = {n: f"[{k}]" for k, n in enumerate(long, start=1)}
+    labels = [f"{tags[n]} {short[n]}" if n in tags else n for n in names]
+    return labels, [(tags[n], n) for n in long]
+
+
+def name_legend_lines(legend: Sequence[tuple[str, str]], width_in: float, fontsize: float = 6.0) -> list[str]:
+    """``[k] full name`` lines in monospace, wrapped to ``width_in`` inches (a character is 0.6 em wide)."""
+    if not legend:
+        return []
+    chars = max(40, int(width_in * 72 / (0.6 * fontsize)))
+    indent = " " * (max(len(tag) for tag, _ in legend) + 1)
+    lines = []
+    for tag, name in legend:
+        lines += textwrap.wrap(name, chars, initial_indent=f"{tag:<{len(indent) - 1}} ", subsequent_indent=indent, break_on_hyphens=False)
+    return lines
+
+
+def draw_name_legend(fig, lines: Sequence[str], fontsize: float = 6.0) -> float:
+    """``lines`` in a band added below the figure's panels, as tall as the text measures.
+
+    Returns the band's share of the new height: pass it to :func:`save` as ``bottom``.
+    Call it before :func:`title`, which places the title for the final height.
+    """
+    if not lines:
+        return 0.0
+    text = fig.text(0.02, 0, "Full names:\n" + "\n".join(lines), va="bottom", ha="left", family="monospace", fontsize=fontsize)
+    text.set_in_layout(False)  # the band is its own
+    band_in = text.get_window_extent(fig.canvas.get_renderer()).height / fig.dpi + 0.2
+    fig.set_figheight(fig.get_figheight() + band_in)
+    text.set_y(0.1 / fig.get_figheight())
+    return band_in / fig.get_figheight()
 
 
 CI_ERR = ("err_low", "err_high")
@@ -59,6 +186,29 @@ def _label(key: tuple | str, names: Sequence[str]) -> str:
     return ", ".join(f"{n}={v}" for n, v in zip(names, key))
 
 
+def group_key(key: tuple | str, names: Sequence[str]) -> tuple:
+    """Sort key of one group of lines: model sizes in the size table's order, other values as numbers or text."""
+    key = key if isinstance(key, tuple) else (key,)
+    return tuple(size_key(v) if n == "size" else value_key(v) for n, v in zip(names, key))
+
+
+def error_bars(part: pd.DataFrame, y: str, yerr: str | tuple[str, str] | None) -> list | None:
+    """(below, above) bar lengths per point: a column for both (a std) or one each (an interval).
+
+    Missing lengths are 0, and the bar below never reaches under zero: a time or a ratio
+    cannot be negative even where mean − std is.
+    """
+    if isinstance(yerr, tuple):
+        if not set(yerr) <= set(part.columns):
+            return None
+        below, above = (part[c].astype(float).clip(lower=0).fillna(0) for c in yerr)
+    elif yerr and yerr in part:
+        below = above = part[yerr].astype(float).clip(lower=0).fillna(0)
+    else:
+        return None
+    return [np.minimum(below, part[y].astype(float).clip(lower=0)).to_numpy(), above.to_numpy()]
+
+
 def draw_lines(
     ax,
     df: pd.DataFrame,
@@ -70,16 +220,18 @@ def draw_lines(
     failed: pd.DataFrame | None = None,
     logx: bool = False,
     logy: bool = False,
+    legend: bool = True,
 ) -> None:
-    """One line per group of ``groups`` (y vs x, optional error bars); failed cells as markers on top."""
+    """One line per group of ``groups`` (y vs x, optional error bars); failed cells as markers on top.
+
+    ``legend=False`` leaves the legend to :func:`shared_legend` (figures of several panels).
+    """
     colors = {}
     if not df.empty:
-        for i, (key, part) in enumerate(df.groupby(list(groups), sort=True)):
+        parts = sorted(df.groupby(list(groups), sort=False), key=lambda kv: group_key(kv[0], groups))
+        for key, part in parts:
             part = part.sort_values(x)
-            if isinstance(yerr, tuple):  # asymmetric bars: (below, above) lengths, never below zero
-                err = [part[c].clip(lower=0).fillna(0) for c in yerr] if set(yerr) <= set(part.columns) else None
-            else:
-                err = part[yerr] if yerr and yerr in part else None
+            err = error_bars(part, y, yerr)
             line = ax.errorbar(part[x], part[y], yerr=err, marker="o", ms=3, capsize=2, label=_label(key, groups))
             colors[key if isinstance(key, tuple) else (key,)] = line[0].get_color()
     if failed is not None and not failed.empty:
@@ -95,8 +247,10 @@ def draw_lines(
         ax.set_yscale("log")
     ax.set_xlabel(x)
     ax.set_ylabel(y)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
+    entries = len(ax.get_legend_handles_labels()[0])
+    if legend and entries:
+        # beside the panel once it would cover the lines
+        ax.legend(**({"loc": "upper left", "bbox_to_anchor": (1.01, 1)} if entries > 5 else {}))
 
 
 def failed_cells(df: pd.DataFrame, **where) -> pd.DataFrame:
@@ -128,19 +282,34 @@ def plot_no_cells(df: pd.DataFrame, path: Path, run: str, study: str) -> Path:
 # --- shared by attention and mha ---------------------------------------------------------------
 
 
+def empty_panel(ax, text: str) -> None:
+    """A panel with nothing to draw: ``text`` in its middle and no axes to misread."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def in_mib(df: pd.DataFrame, column: str) -> tuple[pd.DataFrame, str]:
+    """A ``*_bytes`` column as MiB (the unit in its name); any other column unchanged."""
+    if not column.endswith("_bytes") or column not in df:
+        return df, column
+    mib = column[: -len("_bytes")] + "_mib"
+    return df.assign(**{mib: df[column] / MIB}), mib
+
+
 def plot_scaling(df: pd.DataFrame, path: Path, run: str, groups: Sequence[str], panels: Iterable[tuple[str, str, str]], what: str) -> Path:
     """Log–log time/memory vs sequence length; ``panels`` = (mode, phase, column)."""
     panels = list(panels)
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.8))
-    for ax, (mode, phase, column) in zip(np.atleast_1d(axes), panels):
-        data = ok_cells(df, mode=mode, phase=phase)
+    fig, axes, legend_ax = panel_grid(len(panels))
+    for ax, (mode, phase, column) in zip(axes, panels):
+        data, column = in_mib(ok_cells(df, mode=mode, phase=phase), column)
         if column in data and data[column].notna().any():
-            draw_lines(
-                ax, data.dropna(subset=[column]), "seq_len", column, groups, failed=failed_cells(df, mode=mode), logx=True, logy=True
-            )
+            draw_lines(ax, data.dropna(subset=[column]), "seq_len", column, groups, failed=failed_cells(df, mode=mode),
+                       logx=True, logy=True, legend=False)  # fmt: skip
         else:
-            ax.text(0.5, 0.5, f"{column}: not measured here\n(memory needs CUDA)", ha="center", va="center", transform=ax.transAxes)
+            empty_panel(ax, f"{column}: not measured here\n(memory needs CUDA)")
         ax.set_title(f"{mode} {phase}: {column}")
+    shared_legend(axes, legend_ax)
     title(fig, run, df, what)
     return save(fig, path)
 

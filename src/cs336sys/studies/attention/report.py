@@ -45,8 +45,9 @@ def figures(df: pd.DataFrame, run: str) -> list:
 def findings(df: pd.DataFrame) -> str:
     parts = ["**Log–log slope in sequence length** (fit over the three largest lengths that ran; ≈2 means quadratic):",
              md_table(scaling_slopes(df, GROUPS, PANELS), ".3g"),
-             "**Out-of-memory frontier** (largest length that ran, first length that ran out of memory):",
-             md_table(oom_frontier(df, GROUPS))]  # fmt: skip
+             "**Out-of-memory frontier** (largest length that ran, first length that ran out of memory; `none`: no "
+             "length ran, or none ran out of memory):",
+             md_table(oom_frontier(df, GROUPS), empty={"largest_ok": "none", "first_oom": "none"})]  # fmt: skip
     check = memory_check(df)
     if check.empty:
         parts.append("Analytic vs measured attention memory: not available (memory statistics need CUDA).")

@@ -8,7 +8,19 @@ import pandas as pd
 
 from cs336sys.analysis.findings import paired_ratios
 from cs336sys.analysis.markdown import md_table
-from cs336sys.analysis.plots import CI_ERR, draw_lines, failed_cells, ok_cells, plt, save, title, with_ci
+from cs336sys.analysis.plots import (
+    CI_ERR,
+    draw_lines,
+    empty_panel,
+    failed_cells,
+    ok_cells,
+    panel_grid,
+    plt,
+    save,
+    shared_legend,
+    title,
+    with_ci,
+)
 from cs336sys.analysis.tables import ok_rows
 
 LM_KEYS = ["size", "context_length", "precision", "impl", "compile", "cuda_graphs"]
@@ -52,11 +64,12 @@ def trust(df: pd.DataFrame) -> pd.DataFrame:
 
 def plot_times(df: pd.DataFrame, path: Path, run: str, impl: str) -> Path:
     data = df[df["impl"] == impl]
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.6))
+    fig, axes, legend_ax = panel_grid(len(PANELS))
     for ax, (mode, phase) in zip(axes, PANELS):
         draw_lines(ax, with_ci(ok_cells(data, mode=mode, phase=phase)), "context_length", "median_ms", [c for c in ("size", "precision", "cuda_graphs") if c in data],
-                   yerr=CI_ERR, failed=failed_cells(data, mode=mode), logx=True, logy=True)  # fmt: skip
+                   yerr=CI_ERR, failed=failed_cells(data, mode=mode), logx=True, logy=True, legend=False)  # fmt: skip
         ax.set_title(f"{mode} {phase} (median, 95% interval)")
+    shared_legend(axes, legend_ax)
     title(fig, run, data, f"e2e time per size and context, attention={impl}")
     return save(fig, path)
 
@@ -79,7 +92,7 @@ def plot_mfu(df: pd.DataFrame, path: Path, run: str) -> Path:
     if "mfu_pct" in data and data["mfu_pct"].notna().any():
         draw_lines(ax, data, "context_length", "mfu_pct", ["impl", "size", "precision"], logx=True)
     else:
-        ax.text(0.5, 0.5, "MFU not available on this device\n(no peak TFLOP/s known)", ha="center", va="center", transform=ax.transAxes)
+        empty_panel(ax, "MFU not available on this device\n(no peak TFLOP/s known)")
     title(fig, run, df, "training-step MFU")
     return save(fig, path)
 

@@ -17,7 +17,8 @@ INDEX = ["num_heads", "seq_len", "head_dim", "precision", "phase"]
 def plot_flash(df: pd.DataFrame, path: Path, run: str, precision: str, heads: int) -> Path:
     data = df[(df["precision"] == precision) & (df["num_heads"] == heads)]
     dims = sorted(data["head_dim"].unique())
-    fig, axes = plt.subplots(len(PHASES), len(dims), figsize=(4 * len(dims), 3.2 * len(PHASES)), squeeze=False)
+    # at least ~6 in wide, or a single column's title cannot fit
+    fig, axes = plt.subplots(len(PHASES), len(dims), figsize=(max(4 * len(dims), 6), 3.2 * len(PHASES)), squeeze=False)
     for i, phase in enumerate(PHASES):
         for j, d in enumerate(dims):
             part = data[data["head_dim"] == d]

@@ -40,10 +40,12 @@ def plot_memory_timeline(df: pd.DataFrame, path: Path, run: str, cell: str) -> P
 
 
 def plot_memory_peaks(df: pd.DataFrame, path: Path, run: str) -> Path:
-    data = ok_cells(df, kind="summary").assign(peak_mib=lambda d: d["peak_mem_bytes"] / 2**20)
+    data = ok_cells(df, kind="summary")
+    unit = "GiB" if data["peak_mem_bytes"].max() >= 2**30 else "MiB"  # GiB once a peak reaches one
+    data = data.assign(peak=data["peak_mem_bytes"] / (2**30 if unit == "GiB" else MIB))
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    draw_lines(ax, data, "context_length", "peak_mib", ["size", "precision", "mode"], failed=failed_cells(df), logx=True)
-    ax.set_ylabel("peak allocated (MiB)")
+    draw_lines(ax, data, "context_length", "peak", ["size", "precision", "mode"], failed=failed_cells(df), logx=True)
+    ax.set_ylabel(f"peak allocated ({unit})")
     title(fig, run, df, "peak memory")
     return save(fig, path)
 

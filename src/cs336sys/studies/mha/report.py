@@ -8,7 +8,7 @@ import pandas as pd
 
 from cs336sys.analysis.findings import oom_frontier, scaling_slopes
 from cs336sys.analysis.markdown import md_table
-from cs336sys.analysis.plots import draw_lines, failed_cells, ok_cells, plt, save, title
+from cs336sys.analysis.plots import draw_lines, empty_panel, failed_cells, in_mib, ok_cells, plt, save, title
 
 METRICS = {
     "forward_ms": ("inference", "forward", "median_ms"),
@@ -16,6 +16,7 @@ METRICS = {
     "peak_mem": ("train", "step", "peak_mem_bytes"),
 }
 GROUPS = ["variant", "kernel", "num_features", "embed_dim", "num_heads"]
+FRONTIER_EMPTY = {"largest_ok": "none", "first_oom": "none"}  # no length ran / none ran out of memory
 
 
 def plot_grid(df: pd.DataFrame, path: Path, run: str, embed: int, kernel: str, metric: str) -> Path:
@@ -29,20 +30,20 @@ def plot_grid(df: pd.DataFrame, path: Path, run: str, embed: int, kernel: str, m
         for j, m in enumerate(ms):
             ax = axes[i][j]
             panel = data[(data["num_heads"] == h) & ((data["num_features"] == m) | (data["variant"] != "performer"))]
-            ok = ok_cells(panel, mode=mode, phase=phase)
-            if column in ok and ok[column].notna().any():
+            ok, shown = in_mib(ok_cells(panel, mode=mode, phase=phase), column)
+            if shown in ok and ok[column].notna().any():
                 draw_lines(
                     ax,
-                    ok.dropna(subset=[column]),
+                    ok.dropna(subset=[shown]),
                     "seq_len",
-                    column,
+                    shown,
                     ["variant"],
                     failed=failed_cells(panel, mode=mode),
                     logx=True,
                     logy=True,
                 )
             else:
-                ax.text(0.5, 0.5, f"{column}: not measured here", ha="center", va="center", transform=ax.transAxes)
+                empty_panel(ax, f"{shown}: not measured here")
             ax.set_title(f"heads={h}, m={m}")
     title(fig, run, data, f"mha {metric}: embed={embed}, kernel={kernel}, exact vs performer")
     return save(fig, path)
@@ -56,4 +57,5 @@ def figures(df: pd.DataFrame, run: str) -> list:
 def findings(df: pd.DataFrame) -> str:
     panels = list(METRICS.values())
     return "\n\n".join(["**Log–log slope in sequence length** (≈2 exact, ≈1 performer):", md_table(scaling_slopes(df, GROUPS, panels), ".3g"),
-                        "**Out-of-memory frontier:**", md_table(oom_frontier(df, GROUPS))])  # fmt: skip
+                        "**Out-of-memory frontier** (`none`: no length ran, or none ran out of memory):",
+                        md_table(oom_frontier(df, GROUPS), empty=FRONTIER_EMPTY)])  # fmt: skip

@@ -7,9 +7,13 @@ from pathlib import Path
 import pandas as pd
 
 from cs336sys.analysis.markdown import md_table
-from cs336sys.analysis.plots import plt, save, title
+from cs336sys.analysis.plots import draw_name_legend, group_key, name_legend_lines, plt, save, short_labels, shorten_middle, title
 from cs336sys.analysis.tables import OK, of_kind
 from cs336sys.measure.profiling import MATMUL_PATTERN
+from cs336sys.studies import study
+
+PANELS = [("inference", "forward"), ("train", "forward"), ("train", "backward"), ("train", "optimizer_step")]
+LABEL_CHARS = 60  # kernel labels on the bars; longer names are shortened in the middle, full names below
 
 
 def profile_answers(prof: pd.DataFrame) -> pd.DataFrame:
@@ -55,23 +59,65 @@ def non_matmul_kernels(prof: pd.DataFrame, min_share: float = 0.01) -> pd.DataFr
     k = k[k["mode"] == "train"]
     k = k[~k["kernel"].str.contains(MATMUL_PATTERN) & (k["share_of_phase"] > min_share)]
     out = k[["cell_id", "phase", "kernel", "calls", "total_us", "share_of_phase"]].copy()
-    out["kernel"] = out["kernel"].str.slice(0, 90)
-    return out.sort_values(["cell_id", "phase", "share_of_phase"], ascending=[True, True, False])
+    out["kernel"] = out["kernel"].map(lambda k: shorten_middle(k, 90))  # the end tells template instances apart
+    out["cell"] = out["cell_id"].map(cell_rank(prof))
+    return out.sort_values(["cell", "phase", "share_of_phase"], ascending=[True, True, False]).drop(columns="cell")
+
+
+def _cells(prof: pd.DataFrame) -> pd.DataFrame:
+    """One row of axes per profile cell, indexed by cell id."""
+    axes = [a for a in study("profile").axes if a in prof]
+    return prof.drop_duplicates("cell_id").set_index("cell_id")[axes]
+
+
+def cell_rank(prof: pd.DataFrame) -> dict[str, int]:
+    """Cell id → its place in axis order, model sizes in the size table's order (small before 2.7B)."""
+    cells = _cells(prof)
+    order = sorted(cells.index, key=lambda c: group_key(tuple(cells.loc[c]), list(cells.columns)))
+    return {cell: i for i, cell in enumerate(order)}
+
+
+def cell_names(prof: pd.DataFrame) -> dict[str, str]:
+    """Cell id → its axes that differ between the run's profile cells (``size=xl``), all of them if none differ."""
+    cells = _cells(prof)
+    varying = [a for a in cells.columns if cells[a].nunique() > 1] or list(cells.columns)
+    return {cell: ", ".join(f"{a}={row[a]}" for a in varying) or cell for cell, row in cells.iterrows()}
+
+
+def answers_by_cell(answers: pd.DataFrame, prof: pd.DataFrame) -> pd.DataFrame:
+    """The answers with one row per answer and one column per cell (in axis order), headed by the cell's axes."""
+    if answers.empty:
+        return answers
+    answers = answers.sort_values("cell_id", key=lambda ids: ids.map(cell_rank(prof)))
+    return answers.set_index("cell_id").rename(index=cell_names(prof)).T.rename_axis("answer").reset_index()
 
 
 def plot_kernel_shares(df: pd.DataFrame, path: Path, run: str, cell: str, top: int = 12) -> Path:
-    """Top kernels by share of each phase's device time, for one profile cell."""
+    """Top kernels by share of each phase's device time, for one profile cell.
+
+    One bar per kernel (bars are placed by position, never merged by label); a name too
+    long for its label is shortened in the middle and tagged, its full name listed below.
+    """
     data = df[(df["cell_id"] == cell) & (df["kind"] == "kernel")]
-    panels = [(m, p) for m, p in [("inference", "forward"), ("train", "forward"), ("train", "backward"), ("train", "optimizer_step")]
-              if not data[(data["mode"] == m) & (data["phase"] == p)].empty]  # fmt: skip
-    fig, axes = plt.subplots(len(panels) or 1, 1, figsize=(9, 2.6 * max(len(panels), 1)), squeeze=False)
-    for ax, (mode, phase) in zip(axes[:, 0], panels):
-        part = data[(data["mode"] == mode) & (data["phase"] == phase)].nlargest(top, "total_us")[::-1]
-        ax.barh([k[:70] for k in part["kernel"]], 100 * part["share_of_phase"])
+    tops = {(m, p): data[(data["mode"] == m) & (data["phase"] == p)].nlargest(top, "total_us") for m, p in PANELS}
+    tops = {key: part for key, part in tops.items() if not part.empty}
+    names = [k for part in tops.values() for k in part["kernel"]]
+    labels, legend = short_labels(names, LABEL_CHARS)
+    label_of = dict(zip(names, labels))
+    width_in = 10.0
+    lines = name_legend_lines(legend, width_in - 0.4)
+    fig, axes = plt.subplots(max(len(tops), 1), 1, figsize=(width_in, 2.8 * max(len(tops), 1)), squeeze=False)
+    for ax, ((mode, phase), part) in zip(axes[:, 0], tops.items()):
+        part = part[::-1]  # the largest on top
+        ax.barh(range(len(part)), 100 * part["share_of_phase"])
+        ax.set_yticks(range(len(part)), [label_of[k] for k in part["kernel"]], fontsize=7)
         ax.set_xlabel("% of phase time")
         ax.set_title(f"{mode} {phase}: top {len(part)} kernels")
-    title(fig, run, data, f"profile {cell} ({data['device_kind'].iloc[0] if len(data) else ''})")
-    return save(fig, path)
+    bottom = draw_name_legend(fig, lines)
+    where = cell_names(df[df["cell_id"] == cell]).get(cell, cell)
+    profiler = data["device_kind"].iloc[0] if len(data) else ""
+    title(fig, run, data, f"profile, {where}; profiler: {profiler}")
+    return save(fig, path, bottom=bottom)
 
 
 def figures(df: pd.DataFrame, run: str) -> list:
@@ -91,7 +137,7 @@ def findings(df: pd.DataFrame) -> str:
         "whether the same kernel leads forward+backward; the matmul share of device time for an inference forward vs a "
         "whole training step; softmax vs matmul time inside attention (their FLOP ratio is about 5/(4·d_head): ~5 "
         "elementwise FLOPs per score for softmax against 4·d_head for QKᵀ and PV):",
-        md_table(answers.map(lambda v: f"{v:.4g}" if isinstance(v, float) else v).T.reset_index().rename(columns={"index": "answer"})),
+        md_table(answers_by_cell(answers, df)),
         "**Non-matmul kernels above 1% of a training phase:**",
         md_table(non_matmul_kernels(df), ".3g"),
     ]

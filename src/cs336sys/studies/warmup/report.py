@@ -8,20 +8,24 @@ import pandas as pd
 
 from cs336sys.analysis.findings import paired_ratios
 from cs336sys.analysis.markdown import md_table
-from cs336sys.analysis.plots import draw_lines, failed_cells, ok_cells, plt, save, title
+from cs336sys.analysis.plots import draw_lines, failed_cells, ok_cells, panel_grid, save, shared_legend, title
 from cs336sys.analysis.tables import ok_rows
 from cs336sys.studies.e2e.report import PANELS
 
 
 def plot_warmup(df: pd.DataFrame, path: Path, run: str) -> Path:
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.6))
+    fig, axes, legend_ax = panel_grid(len(PANELS))
     for ax, (mode, phase) in zip(axes, PANELS):
         data = ok_cells(df, mode=mode, phase=phase)
-        draw_lines(ax, data, "warmup_steps", "mean_ms", ["compile"], failed=failed_cells(df, mode=mode))
+        # mean ± std: the bar below stops at zero (a first step of seconds makes the std larger than the mean)
+        draw_lines(ax, data, "warmup_steps", "mean_ms", ["compile"], yerr="std_ms", failed=failed_cells(df, mode=mode), legend=False)
         if not data.empty:
             ax.plot(data["warmup_steps"], data["median_ms"], "k_", ms=10, label="median")
             ax.plot(data["warmup_steps"], data["max_ms"], "rv", ms=4, label="slowest step")
-        ax.set_title(f"{mode} {phase}: mean, median, slowest vs warm-up steps")
+            ax.set_xticks(sorted(data["warmup_steps"].unique()))  # step counts are whole numbers
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{mode} {phase}: mean ± std, median, slowest")
+    shared_legend(axes, legend_ax)
     title(fig, run, df, "effect of warm-up steps")
     return save(fig, path)
 
