@@ -10,5 +10,6 @@ from cs336sys.pipeline.jobs import log_to
 from cs336sys.analysis.tables import merge_cells
 
 with log_to(snakemake.log[0]):
-    merged = merge_cells(snakemake.input, snakemake.wildcards.study, snakemake.params.peak_tflops, snakemake.params.flags)
+    params = snakemake.params
+    merged = merge_cells(snakemake.input, snakemake.wildcards.study, params.peak_tflops, params.flags, params.floor_rel)
     write_csv_atomic(merged, snakemake.output[0])
