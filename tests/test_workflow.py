@@ -141,8 +141,10 @@ def rerun(reduced, tmp_path):
 
 
 def _cells(root: Path, predicate=lambda study, axes: True) -> set[tuple[str, str]]:
+    """(rule, cell id) of every job of every pass: rule <study>_cell for pass 0, <study>_pass<k> after."""
     config = load_config(root, DEMO, REDUCED_FILE)
-    return {(f"{s}_cell", cid) for s in config["studies"] for cid, axes in grid(config, s).items() if predicate(s, axes)}
+    rules = {s: [f"{s}_cell"] + [f"{s}_pass{k}" for k in range(1, config[s].get("passes", 1))] for s in config["studies"]}
+    return {(r, cid) for s in config["studies"] for cid, axes in grid(config, s).items() if predicate(s, axes) for r in rules[s]}
 
 
 @pytest.mark.slow
@@ -178,7 +180,7 @@ def test_rerun_after_editing_attention_py(rerun):
     )
     assert not run.cells() & performer
     for job in run.jobs:
-        if job.rule.endswith("_cell"):
+        if re.search(r"_(cell|pass\d+)$", job.rule):
             assert "params" in job.reason.lower(), f"{job.rule} {job.wildcards} reran for another reason: {job.reason}"
     assert run.studies("merge") == set(REDUCED_STUDIES), run.describe()
     assert run.studies("plots") == set(REDUCED_STUDIES), run.describe()
@@ -202,7 +204,7 @@ def test_rerun_after_editing_a_study_report_reruns_no_cell_and_no_merge(rerun):
     run = dry_run(rerun, DEMO, REDUCED_FILE)
     assert not run.cells(), run.describe()
     # answers.md reads every study's findings, so it follows any report module
-    assert run.rules() <= {"plots", "report", "answers", "all"} and run.studies("plots") == {"mha"}, run.describe()
+    assert run.rules() <= {"plots", "report", "answers", "report_html", "all"} and run.studies("plots") == {"mha"}, run.describe()
     assert run.counts()["report"] == 1, run.describe()
 
 
@@ -211,7 +213,7 @@ def test_rerun_after_editing_plot_script_reruns_only_plots_and_report(rerun):
     with open(rerun / "workflow" / "scripts" / "plot.py", "a") as f:
         f.write("\n# edited by tests/test_workflow.py\n")
     run = dry_run(rerun, DEMO, REDUCED_FILE)
-    assert run.rules() == {"plots", "report", "all"}, run.describe()
+    assert run.rules() == {"plots", "report", "report_html", "all"}, run.describe()
     assert run.studies("plots") == set(REDUCED_STUDIES), run.describe()
     assert not run.cells(), run.describe()
 
@@ -241,8 +243,20 @@ def test_rerun_after_adding_a_grid_value_runs_only_the_new_cells(rerun):
     run = dry_run(rerun, DEMO, REDUCED_FILE)
     assert run.cells() == new, f"expected only the new cells {sorted(new)}\n{run.describe()}"
     # the grid is part of the run's settings: its snapshot, report and answers follow
-    assert run.rules() == {"attention_cell", "merge", "plots", "snapshot", "report", "answers", "all"}, run.describe()
+    assert run.rules() == {"attention_cell", "merge", "plots", "snapshot", "report", "answers", "report_html", "all"}, run.describe()
     assert run.studies("merge") == {"attention"} and run.studies("plots") == {"attention"}, run.describe()
+
+
+@pytest.mark.slow
+def test_rerun_after_adding_a_pass_runs_only_the_new_pass(rerun):
+    config = load_config(rerun, DEMO, REDUCED_FILE)
+    passes = config["e2e"]["passes"]
+    assert passes >= 2, "the demo's e2e should measure in passes"
+    write_yaml(rerun / REDUCED_FILE, {**REDUCED, "e2e": {**REDUCED.get("e2e", {}), "passes": passes + 1}})
+    run = dry_run(rerun, DEMO, REDUCED_FILE)
+    new = {(f"e2e_pass{passes}", cid) for cid in grid(config, "e2e")}
+    assert run.cells() == new, f"expected only pass {passes} of e2e\n{run.describe()}"
+    assert run.studies("merge") == {"e2e"}, run.describe()
 
 
 # --- failures become data ------------------------------------------------------------------------
@@ -357,11 +371,14 @@ def test_a_study_whose_every_cell_failed_is_still_merged_plotted_and_reported(tm
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the default GPU config is valid here")
 def test_default_config_without_cuda_points_to_the_cpu_demo(tmp_path):
+    """A real run of the GPU sweep stops before any job and names the demo; a dry run works without CUDA."""
     root = copy_repo(tmp_path / "repo")
-    r = snakemake(root, "-n", timeout=600)
+    r = snakemake(root, "--cores", "1", timeout=600)
     assert r.returncode != 0, r.describe()
     assert "--configfile config/cpu-demo.yaml" in r.output, r.describe()
     assert not (root / "results").exists()
+    dry = snakemake(root, "-n", "--config", "run=h100", timeout=600)
+    assert dry.returncode == 0, dry.describe()
 
 
 # Lint categories we accept, each with the reason; any other category fails the test.

@@ -17,14 +17,31 @@ from typing import Mapping
 import pandas as pd
 
 
+def _per_pass(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (row, pass) with that pass's start and end: merged rows keep them ;-joined."""
+    if "pass_started_at" not in df:
+        return df.assign(pass_index=df["pass_index"] if "pass_index" in df else 0)
+    multi = df["pass_started_at"].notna()
+    single = df[~multi].assign(pass_index=0)
+    spans = df[multi].assign(
+        started_at=df.loc[multi, "pass_started_at"].astype(str).str.split(";"),
+        finished_at=df.loc[multi, "pass_finished_at"].astype(str).str.split(";"),
+    )
+    spans = spans.assign(pass_index=[list(range(len(v))) for v in spans["started_at"]])
+    spans = spans.explode(["started_at", "finished_at", "pass_index"])
+    return pd.concat([single, spans], ignore_index=True)
+
+
 def _cells(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """One row per cell job (a cell's pass): its measuring process's start, end and first step."""
     rows = []
     for study, df in frames.items():
         if df.empty or not {"started_at", "finished_at", "cell_id"} <= set(df.columns):
             continue
-        first = df.groupby("cell_id").agg(started=("started_at", "min"), finished=("finished_at", "max"))
+        df = _per_pass(df)
+        first = df.groupby(["cell_id", "pass_index"]).agg(started=("started_at", "min"), finished=("finished_at", "max"))
         if "first_step_s" in df:
-            first["first_step_s"] = df.groupby("cell_id")["first_step_s"].max()
+            first["first_step_s"] = df[df["pass_index"] == 0].groupby(["cell_id", "pass_index"])["first_step_s"].max()
         rows.append(first.reset_index().assign(study=study))
     if not rows:
         return pd.DataFrame()
@@ -39,10 +56,12 @@ def _benchmarks(folder: Path | None) -> pd.DataFrame:
     if folder is None or not folder.is_dir():
         return pd.DataFrame()
     rows = []
-    for path in folder.glob("*/*.tsv"):
+    for path in [*folder.glob("*/*.tsv"), *folder.glob("*/pass*/*.tsv")]:  # pass k > 0 in pass<k>/
         table = pd.read_csv(path, sep="\t")
+        in_pass = path.parent.name.startswith("pass") and path.parent.name[4:].isdigit()
+        study, k = (path.parent.parent.name, int(path.parent.name[4:])) if in_pass else (path.parent.name, 0)
         if "s" in table and len(table):
-            rows.append({"study": path.parent.name, "cell_id": path.stem, "job_s": float(table["s"].iloc[-1])})
+            rows.append({"study": study, "cell_id": path.stem, "pass_index": k, "job_s": float(table["s"].iloc[-1])})
     return pd.DataFrame(rows)
 
 
@@ -54,7 +73,7 @@ def sweep_efficiency(frames: Mapping[str, pd.DataFrame], benchmarks: Path | None
     span = (cells["finished"].max() - cells["started"].min()).total_seconds()
     measuring = cells["measuring_s"].sum()
     out = [
-        ("cells with start and end times", f"{len(cells)}"),
+        ("cell jobs (cells × passes) with start and end times", f"{len(cells)}"),
         ("span: first cell start to last cell end", f"{span:.1f} s"),
         (
             "time inside measuring processes",
@@ -81,7 +100,7 @@ def sweep_efficiency(frames: Mapping[str, pd.DataFrame], benchmarks: Path | None
         )
     jobs = _benchmarks(benchmarks)
     if not jobs.empty:
-        both = jobs.merge(cells[["study", "cell_id", "measuring_s"]], on=["study", "cell_id"])
+        both = jobs.merge(cells[["study", "cell_id", "pass_index", "measuring_s"]], on=["study", "cell_id", "pass_index"])
         startup = (both["job_s"] - both["measuring_s"]).clip(lower=0)
         if len(both):
             out.append(

@@ -22,11 +22,13 @@ MIB = 2**20
 ENV_FIELDS = ["device_name", "driver_version", "torch_version", "cuda_version", "python_version", "git_commit", "host"]
 
 DEFINITIONS = f"""\
-**Conventions.** Times are milliseconds. Each cell is timed in `trials` independent trials (a
-warm-up, then a timed block of at least `measure_steps` steps and `min_measure_s` seconds); tables
-show the median of all steps and its 95% interval: the wider of the order-statistic interval of
-the median (distribution-free) and the Student-t interval of the per-trial medians (drift between
-trials). A ratio is a finding only where the two intervals do not overlap; otherwise the report
+**Conventions.** Times are milliseconds. Each cell is timed in `passes` passes over the grid
+(pass k of every cell before pass k+1 of any), each of `trials` independent trials (a warm-up,
+then a timed block of at least `measure_steps` steps and `min_measure_s` seconds); tables show
+the median of all steps and its 95% interval: the widest of the order-statistic interval of the
+median (distribution-free), the Student-t interval of the per-trial medians and the between-pass
+interval (the host's drift over the sweep; pooled over GPU-bound cells), at least
+`interval_floor_rel` of the median wide. A ratio is a finding only where the two intervals do not overlap; otherwise the report
 says "no significant difference". Training-step phases are timed with CUDA events inside the same
 step; whole steps by the wall clock between two synchronisations. `host_bound`: the GPU was busy
 for less than the configured share of a step (torch.profiler over a few extra steps), so the time
