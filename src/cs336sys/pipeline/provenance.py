@@ -22,6 +22,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 RUNNER = "cs336sys.pipeline.cells"  # the measuring process runs this for every cell
 
 
+@functools.cache  # one parse of the workflow asks for the same few dozen files thousands of times
 def module_file(module: str) -> Path | None:
     """The source file of a ``cs336sys`` module or package, or None if there is none."""
     parts = module.split(".")[1:]
