@@ -58,7 +58,7 @@ def _torch_free_modules() -> list[str]:
     # documented as importable without torch: the workflow's parse time and the CLI's flag checks use them
     others = ["cs336sys", "cs336sys.studies", "cs336sys.pipeline.config", "cs336sys.pipeline.rows",
               "cs336sys.pipeline.provenance", "cs336sys.models.sizes", "cs336sys.models.variants", "cs336sys.fileio",
-              "cs336sys.cli"]  # fmt: skip
+              "cs336sys.cli", "cs336sys.pipeline.warm"]  # fmt: skip
     return ["cs336sys.analysis", *analysis, *study_specs, *reports, *others]
 
 

@@ -141,8 +141,10 @@ def rerun(reduced, tmp_path):
 
 
 def _cells(root: Path, predicate=lambda study, axes: True) -> set[tuple[str, str]]:
+    """(rule, cell id) of every job of every pass: rule <study>_cell for pass 0, <study>_pass<k> after."""
     config = load_config(root, DEMO, REDUCED_FILE)
-    return {(f"{s}_cell", cid) for s in config["studies"] for cid, axes in grid(config, s).items() if predicate(s, axes)}
+    rules = {s: [f"{s}_cell"] + [f"{s}_pass{k}" for k in range(1, config[s].get("passes", 1))] for s in config["studies"]}
+    return {(r, cid) for s in config["studies"] for cid, axes in grid(config, s).items() if predicate(s, axes) for r in rules[s]}
 
 
 @pytest.mark.slow
@@ -178,7 +180,7 @@ def test_rerun_after_editing_attention_py(rerun):
     )
     assert not run.cells() & performer
     for job in run.jobs:
-        if job.rule.endswith("_cell"):
+        if re.search(r"_(cell|pass\d+)$", job.rule):
             assert "params" in job.reason.lower(), f"{job.rule} {job.wildcards} reran for another reason: {job.reason}"
     assert run.studies("merge") == set(REDUCED_STUDIES), run.describe()
     assert run.studies("plots") == set(REDUCED_STUDIES), run.describe()
@@ -243,6 +245,18 @@ def test_rerun_after_adding_a_grid_value_runs_only_the_new_cells(rerun):
     # the grid is part of the run's settings: its snapshot, report and answers follow
     assert run.rules() == {"attention_cell", "merge", "plots", "snapshot", "report", "answers", "all"}, run.describe()
     assert run.studies("merge") == {"attention"} and run.studies("plots") == {"attention"}, run.describe()
+
+
+@pytest.mark.slow
+def test_rerun_after_adding_a_pass_runs_only_the_new_pass(rerun):
+    config = load_config(rerun, DEMO, REDUCED_FILE)
+    passes = config["e2e"]["passes"]
+    assert passes >= 2, "the demo's e2e should measure in passes"
+    write_yaml(rerun / REDUCED_FILE, {**REDUCED, "e2e": {**REDUCED.get("e2e", {}), "passes": passes + 1}})
+    run = dry_run(rerun, DEMO, REDUCED_FILE)
+    new = {(f"e2e_pass{passes}", cid) for cid in grid(config, "e2e")}
+    assert run.cells() == new, f"expected only pass {passes} of e2e\n{run.describe()}"
+    assert run.studies("merge") == {"e2e"}, run.describe()
 
 
 # --- failures become data ------------------------------------------------------------------------

@@ -24,18 +24,27 @@ try:
 except (ConfigError, ValueError) as exc:
     raise WorkflowError(str(exc)) from None
 
-# NVML or nvidia-smi, not torch: parsing the workflow must not pay for `import torch`
-if config["device"] == "cuda" and config["check_local_cuda"] and not visible_gpus():
-    raise WorkflowError(
-        "No CUDA device on this machine, and this config (device: cuda) is a GPU sweep.\n"
-        "Run the CPU demo instead, which runs the same pipeline with tiny shapes:\n"
-        "    snakemake --configfile config/cpu-demo.yaml\n"
-        "(On a cluster login node without a GPU, the SLURM profile sets check_local_cuda: false.)"
-    )
+
+# Checked when jobs are about to run (onstart), not at parse time, so that -n, --lint and --report
+# work on a machine without CUDA. NVML or nvidia-smi, not torch: the workflow must not import it.
+def check_local_cuda():
+    if config["device"] == "cuda" and config["check_local_cuda"] and not visible_gpus():
+        raise WorkflowError(
+            "No CUDA device on this machine, and this config (device: cuda) is a GPU sweep.\n"
+            "Run the CPU demo instead, which runs the same pipeline with tiny shapes:\n"
+            "    snakemake --configfile config/cpu-demo.yaml      (./run snakemake picks it by itself)\n"
+            "(On a cluster login node without a GPU, the SLURM profile sets check_local_cuda: false.)"
+        )
+
+
+onstart:
+    check_local_cuda()
+
 
 RUN = config["run"]
 STUDIES = list(config["studies"])
 GRIDS = {study: S.grid(study, config) for study in STUDIES}
+MAX_PASSES = max(config[s].get("passes", 1) for s in STUDIES)
 SCRIPTS = Path(workflow.basedir) / "workflow/scripts"
 SCRIPT_HASH = {p.name: file_hash(p) for p in SCRIPTS.glob("*.py")}
 # merge, figures and report hash the modules they import (report modules of the studies run)
@@ -62,16 +71,29 @@ localrules:
 
 
 # --- paths (the only place they are spelled) ---------------------------------------------------
-def cell_csv(study):
-    return f"results/{RUN}/{study}/cells/{{cell}}.csv"
+def _pass_dir(k):
+    return "" if k == 0 else f"pass{k}/"  # pass 0 where runs of one pass always kept their cells
 
 
-def cell_log(study):
-    return f"logs/{RUN}/{study}/{{cell}}.log"
+def cell_csv(study, k=0):
+    return f"results/{RUN}/{study}/cells/{_pass_dir(k)}{{cell}}.csv"
 
 
-def cell_benchmark(study):
-    return f"benchmarks/{RUN}/{study}/{{cell}}.tsv"
+def cell_log(study, k=0):
+    return f"logs/{RUN}/{study}/{_pass_dir(k)}{{cell}}.log"
+
+
+def cell_benchmark(study, k=0):
+    return f"benchmarks/{RUN}/{study}/{_pass_dir(k)}{{cell}}.tsv"
+
+
+def passes(study):
+    return config[study].get("passes", 1)
+
+
+def pass_cells(study):
+    """Every pass's CSV of every cell of ``study``."""
+    return [path for k in range(passes(study)) for path in expand(cell_csv(study, k), cell=GRIDS[study])]
 
 
 def benchmark_dir():
@@ -120,7 +142,7 @@ if NSYS and shutil.which("nsys") is None:
 def final_outputs():
     # every cell CSV is a target itself: a deleted or lost cell is measured again on the next run
     # (as the merge's input only, Snakemake would find the merged CSV up to date and skip it)
-    cells = [path for s in STUDIES for path in expand(cell_csv(s), cell=GRIDS[s])]
+    cells = [path for s in STUDIES for path in pass_cells(s)]
     nsys = expand(nsys_rep(), cell=GRIDS["profile"]) if NSYS else []
     return (
         [report_md(), answers_md(), config_snapshot()]
@@ -139,9 +161,9 @@ def _axes(study, cell):
         raise WorkflowError(f"{study} cell {cell!r} is not in this config's grid") from None
 
 
-def cell_settings(study):
+def cell_settings(study, k=0):
     def settings(wildcards):
-        return S.cell_settings(study, _axes(study, wildcards.cell), config, artifact_dir(study))
+        return {**S.cell_settings(study, _axes(study, wildcards.cell), config, artifact_dir(study)), "pass_index": k}
 
     return settings
 
@@ -172,7 +194,7 @@ def run_settings():
 
 
 def study_cells(wildcards):
-    return expand(cell_csv(wildcards.study), cell=GRIDS[wildcards.study])
+    return pass_cells(wildcards.study)
 
 
 def nsys_args(wildcards):

@@ -1,4 +1,8 @@
 # Merge cells per study, draw each study's figures, write the report.
+# `snakemake --report report.html` opens on workflow.rst, which includes the page of rule report_html.
+report: "../report/workflow.rst"
+
+
 rule merge:
     input:
         study_cells,
@@ -8,7 +12,7 @@ rule merge:
             caption="../report/merged.rst",
             category="Results",
             subcategory="{study}",
-            labels={"study": "{study}", "table": "merged cells"},
+            labels={"table": "merged cells (CSV)", "study": "{study}"},
         ),
     log:
         f"logs/{RUN}/merge/{{study}}.log",
@@ -31,7 +35,7 @@ rule plots:
             caption="../report/figures.rst",
             category="Figures",
             subcategory="{study}",
-            labels={"study": "{study}", "figure": "{name}"},
+            labels={"figure": "{name}", "study": "{study}"},
         ),
     log:
         f"logs/{RUN}/plots/{{study}}.log",
@@ -100,3 +104,47 @@ rule answers:
         script=SCRIPT_HASH["answers.py"],
     script:
         "../scripts/answers.py"
+
+
+# report.md and answers.md as one HTML page, figures embedded (the report's landing page, through
+# ../report/workflow.rst), and each merged CSV as an HTML table: Snakemake's report shows HTML
+# results in the browser, while .md and .csv results are downloads. Both paths sit beside report.md.
+HTML_CODE = modules_hash(module_closure(["cs336sys.analysis.html"]))
+REPORT_HTML = str(Path(report_md()).with_suffix(".html"))
+TABLE_PAGES = str(Path(report_md()).with_name("tables"))
+
+
+localrules:
+    report_html,
+
+
+rule report_html:
+    input:
+        md=report_md(),
+        answers=answers_md(),
+        figures=expand(figure_dir("{s}"), s=STUDIES),
+        csvs=expand(study_csv("{s}"), s=STUDIES),
+    output:
+        page=report(
+            REPORT_HTML,
+            caption="../report/report_html.rst",
+            category="Report",
+            labels={"file": "report.html"},
+        ),
+        tables=report(
+            directory(TABLE_PAGES),
+            patterns=["{study}.html"],
+            caption="../report/table.rst",
+            category="Results",
+            subcategory="{study}",
+            labels={"table": "merged cells", "study": "{study}"},
+        ),
+    log:
+        f"logs/{RUN}/report_html.log",
+    params:
+        run=RUN,
+        studies=STUDIES,
+        code=HTML_CODE,
+        script=SCRIPT_HASH["report_html.py"],
+    script:
+        "../scripts/report_html.py"

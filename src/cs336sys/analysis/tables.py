@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from cs336sys.analysis.metrics import add_derived
+from cs336sys.analysis.passes import combine_passes
 from cs336sys.pipeline.rows import Status, order_columns
 from cs336sys.studies import cell_id
 from cs336sys.studies import study as get_study
@@ -48,14 +49,23 @@ def upgrade(df: pd.DataFrame, study: str) -> pd.DataFrame:
 
 
 def merge_cells(
-    paths: Iterable[str | Path], study: str, peak_overrides: Mapping | None = None, flags: Mapping | None = None
+    paths: Iterable[str | Path],
+    study: str,
+    peak_overrides: Mapping | None = None,
+    flags: Mapping | None = None,
+    floor_rel: float = 0.0,
 ) -> pd.DataFrame:
-    """Concatenate one study's cell CSVs (every status kept) and add derived metrics."""
+    """One study's cell CSVs (every pass, every status) as one table with derived metrics.
+
+    The passes of a cell become one row per (cell, mode, phase), with intervals at
+    least ``floor_rel`` wide (:func:`cs336sys.analysis.passes.combine_passes`).
+    """
     frames = [pd.read_csv(p) for p in paths]
     frames = [f for f in frames if not f.empty]
     if not frames:
         return pd.DataFrame(columns=["study", "cell_id", "status", "error"])
     merged = pd.concat(frames, ignore_index=True, sort=False)
+    merged = combine_passes(merged, floor_rel)
     merged = merged[order_columns(merged.columns, get_study(study).axes)]
     return add_derived(merged, peak_overrides, flags)
 

@@ -52,6 +52,7 @@ class Cell:
     memory_fraction: float | None = None
     timing: dict[str, Any] = field(default_factory=dict)  # trials, min_warmup_s, min_measure_s (measure.timing)
     cache_dir: str | None = None  # Triton's and torch.compile's on-disk caches: a rerun compiles and autotunes nothing
+    pass_index: int = 0  # which pass over the grid (analysis.passes); copied into every row
 
 
 def _inject_fault(cell_id: str, spec: str) -> None:
@@ -92,9 +93,8 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
     from cs336sys.pipeline.lifeline import die_with_parent, watch_pid
 
     # An orphan would keep the GPU busy while the resumed run measures the next cell.
-    if os.getppid() == job_pid:
-        die_with_parent(job_pid)
-    else:  # a forkserver's child: its parent is the server, not the job
+    die_with_parent(os.getppid())  # the job, a forkserver or a warm worker's handler (pipeline.warm)
+    if os.getppid() != job_pid:  # then the job is not our parent: watch it too
         watch_pid(job_pid)
     os.environ.update(pins)  # CUDA_VISIBLE_DEVICES of the leased GPU, before CUDA initialises
     if cell.cache_dir:  # read by Triton and inductor when they first compile, after this point
@@ -203,32 +203,40 @@ def _needs_lease(cell: Cell) -> bool:
     return cell.device != "cpu" or bool(os.environ.get("CS336SYS_FAKE_GPUS"))
 
 
-def run_cell(cell: Cell, start_method: str | None = None) -> list[dict[str, Any]]:
+def run_cell(cell: Cell, start_method: str | None = None, owner_pid: int | None = None) -> list[dict[str, Any]]:
     """Run ``cell`` in a child process and return its rows (at least one), each with a status.
 
     One cell at a time per GPU, across every run on the host: the job holds a
     lock on a GPU (``pipeline.gpulock``) from before the child starts until it
     is gone, and pins the child to that GPU; a cell that waited says how long.
     ``start_method``: see :func:`_context`; pass ``"fork"`` only from a process
-    that has run no torch computation.
+    that has run no torch computation. ``owner_pid``: the job this runs for, when
+    that is not this process (the warm worker, ``pipeline.warm``): the measurement
+    stops when it dies.
     """
     from cs336sys.pipeline import gpulock
 
     gpus = gpulock.visible_gpus() if _needs_lease(cell) else []
     if not gpus:
-        return _run_child(cell, start_method, None)
+        return _run_child(cell, start_method, None, owner_pid)
     with gpulock.acquire_gpu(gpus) as lease:
-        return _run_child(cell, start_method, lease)
+        return _run_child(cell, start_method, lease, owner_pid)
 
 
-def _run_child(cell: Cell, start_method: str | None, lease) -> list[dict[str, Any]]:
+def _gone(pid: int | None) -> bool:
+    from cs336sys.pipeline.lifeline import pid_alive
+
+    return pid is not None and not pid_alive(pid)
+
+
+def _run_child(cell: Cell, start_method: str | None, lease, owner_pid: int | None = None) -> list[dict[str, Any]]:
     from cs336sys.pipeline import gpulock
 
     ctx = _context(start_method)
     parent_conn, child_conn = ctx.Pipe(duplex=False)
     pins = gpulock.pin_environment(lease) if lease is not None else {}
     # The fault spec is read here: a forkserver child has the server's environment, not ours.
-    args = (child_conn, cell, os.environ.get(FAULT_ENV, ""), os.getpid(), pins)
+    args = (child_conn, cell, os.environ.get(FAULT_ENV, ""), owner_pid or os.getpid(), pins)
     proc = ctx.Process(target=_child, args=args, daemon=True)
     with _main_not_reimported():
         proc.start()
@@ -238,6 +246,9 @@ def _run_child(cell: Cell, start_method: str | None, lease) -> list[dict[str, An
     deadline = time.monotonic() + cell.timeout_s
     while failure is None:
         remaining = deadline - time.monotonic()
+        if _gone(owner_pid):
+            failure = ("error", f"the job (pid {owner_pid}) is gone", context)
+            break
         if remaining <= 0:
             failure = ("timeout", f"cell exceeded its time limit of {cell.timeout_s:g} s", context)
             break
@@ -274,7 +285,8 @@ def _run_child(cell: Cell, start_method: str | None, lease) -> list[dict[str, An
         before_any_part = {} if "mode" in cell.axes else {"mode": ""}
         rows.append({**before_any_part, **where, "status": status, "error": error})
     env.update(gpulock.lease_columns(lease) if lease is not None else {}, finished_at=_now())
-    return [{"study": cell.study, "cell_id": cell.cell_id, **cell.axes, **row, **env} for row in rows]
+    head = {"study": cell.study, "cell_id": cell.cell_id, **cell.axes}
+    return [{**head, **row, "pass_index": cell.pass_index, **env} for row in rows]
 
 
 def _now() -> str:

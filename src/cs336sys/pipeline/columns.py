@@ -5,6 +5,7 @@ ENV_COLUMNS = [
     "device", "device_name", "driver_version", "torch_version", "cuda_version",
     "python_version", "git_commit", "host", "started_at", "finished_at",
     "gpu_index", "gpu_uuid", "gpu_wait_s", "max_sm_clock_mhz", "gpu_state_note", "cpu_model", "cpu_count",
+    "pass_index",  # which pass over the grid measured the row (analysis.passes)
 ]  # fmt: skip
 WHERE_COLUMNS = ["mode", "phase"]  # where inside a cell a row was measured
 # Columns every timed row carries (measure.timing): an axis of the same name would be overwritten.
@@ -12,4 +13,5 @@ TIMING_COLUMNS = [
     "median_ms", "ci_low_ms", "ci_high_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "n", "trials",
     "trial_medians_ms", "samples_ms", "flops", "warmup_s", "warmup_steps_run", "first_step_s", "kind",
 ]  # fmt: skip
-RESERVED_COLUMNS = frozenset(HEAD_COLUMNS + ENV_COLUMNS + TIMING_COLUMNS + ["phase"])
+PASS_COLUMNS = ["passes", "pass_medians_ms"]  # the merge's fold of a cell's passes
+RESERVED_COLUMNS = frozenset(HEAD_COLUMNS + ENV_COLUMNS + TIMING_COLUMNS + PASS_COLUMNS + ["phase"])

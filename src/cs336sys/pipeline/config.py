@@ -9,6 +9,8 @@ and the report all see the same complete settings.
 from __future__ import annotations
 
 import math
+import re
+import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -201,10 +203,87 @@ def coerce_command_line(config: dict) -> None:
         config["check_local_cuda"] = value.lower() == "true"
 
 
+# --- the default run name: `run: auto` (the schema's default) names the run after the GPU -------
+AUTO_RUN = "auto"
+_VENDOR_WORDS = {"nvidia", "geforce", "tesla", "quadro"}
+_MODEL_SUFFIXES = {"ti", "super", "ada"}  # part of the model: an RTX 4070 Ti is not an RTX 4070
+
+
+def run_name_for(gpu_name: str | None) -> str:
+    """A run name from a GPU's NVML name; None (no GPU) is "cpu".
+
+    The model is the first word with a digit, after the vendor words: "NVIDIA H100 80GB HBM3" -> "h100",
+    "NVIDIA A100-SXM4-80GB" -> "a100", "Tesla V100-SXM2-16GB" -> "v100". A bare number keeps the words
+    before it and a Ti/Super/Ada after it: "NVIDIA GeForce RTX 4090" -> "rtx4090", "GeForce GTX 1080 Ti" -> "gtx1080ti".
+    """
+    if gpu_name is None:
+        return "cpu"
+    words = [w for w in re.split(r"[\s_-]+", gpu_name.lower()) if w and w not in _VENDOR_WORDS]
+    name = "-".join(words)  # no model number at all ("NVIDIA TITAN V"): every word
+    for i, word in enumerate(words):
+        if any(c.isdigit() for c in word):
+            prefix = "".join(words[:i]) if word.isdigit() else ""
+            suffix = ""
+            for extra in words[i + 1 :]:
+                if extra not in _MODEL_SUFFIXES:
+                    break
+                suffix += extra
+            name = prefix + word + suffix
+            break
+    name = re.sub(r"[^a-z0-9.+-]", "", name).lstrip(".+-")  # the schema's name pattern: a path component
+    return name[:64] or "gpu"
+
+
+def detected_gpu_name() -> str | None:
+    """The NVML name of the first GPU this process may use ("" if it cannot be read), None without one.
+
+    NVML, then nvidia-smi, never torch: the workflow's parse must not import it.
+    """
+    from cs336sys.pipeline.gpulock import visible_gpus
+
+    gpus = visible_gpus()
+    if not gpus:
+        return None
+    uuid = gpus[0].uuid
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+            return name.decode() if isinstance(name, bytes) else str(name)  # bytes from older bindings
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - ImportError, NVMLError, OSError: ask nvidia-smi instead
+        pass
+    try:
+        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", f"--id={uuid}"]
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+
+
+def resolve_run_name(config: dict) -> None:
+    """Replace ``run: auto`` by the device's name: "cpu" for device: cpu, else the GPU's model ("cpu" without one)."""
+    if config.get("run") != AUTO_RUN:
+        return
+    if config.get("device") == "cpu":
+        config["run"] = "cpu"
+    elif not config.get("check_local_cuda", True):
+        # a SLURM login node: this machine's GPU (or none) is not the one the cells run on, and each job
+        # parses the workflow again on its own node: the two would name different output paths
+        raise ConfigError("invalid config:\n  config key 'run': 'auto' names the run after this machine's GPU, but "
+                          "check_local_cuda: false says the cells run elsewhere: name the run, e.g. --config run=h100")  # fmt: skip
+    else:
+        config["run"] = run_name_for(detected_gpu_name())
+
+
 def validate_config(config: dict, schema_path: str | Path = SCHEMA_PATH) -> dict:
     """Fill defaults into ``config`` and check it; raises ConfigError naming each bad key."""
     coerce_command_line(config)
     validate_schema(config, schema_path)
+    resolve_run_name(config)
     validate_semantics(config)
     return config
 
@@ -216,6 +295,7 @@ def settings_snapshot(config: Mapping[str, Any]) -> dict:
     snapshot (and with it its report).
     """
     snapshot = _copy(dict(config))
+    snapshot.pop("warm_worker", None)  # how jobs start, not what they measure
     for study in snapshot.get("studies") or []:
         for key in ("timeout_s", "resources"):
             (snapshot.get(study) or {}).pop(key, None)

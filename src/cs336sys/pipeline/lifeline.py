@@ -66,6 +66,21 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
         _start_watchdog(parent_pid, sig)
 
 
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (dead, not yet reaped by its parent) counts as gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, owned by someone else
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: kill(0) is all there is
+    return stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X")
+
+
 def watch_pid(pid: int, sig: int = signal.SIGKILL, poll_s: float = 0.5) -> threading.Thread:
     """Deliver ``sig`` to this process once ``pid`` (not our parent) is gone.
 
@@ -74,13 +89,7 @@ def watch_pid(pid: int, sig: int = signal.SIGKILL, poll_s: float = 0.5) -> threa
     """
 
     def watch() -> None:
-        while True:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            except PermissionError:
-                pass  # alive, owned by someone else
+        while pid_alive(pid):
             time.sleep(poll_s)
         os.kill(os.getpid(), sig)
         os._exit(1)

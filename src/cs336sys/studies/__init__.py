@@ -23,7 +23,7 @@ from cs336sys.pipeline.columns import RESERVED_COLUMNS
 
 Axes = dict[str, Any]
 # Section keys that shape the grid or the job, not the measurement.
-JOB_KEYS = ("grid", "timeout_s", "resources")
+JOB_KEYS = ("grid", "timeout_s", "resources", "passes")  # passes: how many jobs, not what one measures
 # Section keys of the timing policy: the cell runner sets them for measure.timing (not measure kwargs).
 TIMING_KEYS = ("trials", "min_warmup_s", "min_measure_s")
 

@@ -1,0 +1,139 @@
+"""One row per measured (cell, mode, phase) from the sweep's passes over the grid.
+
+A timed study can measure its grid in ``passes`` passes (config key ``passes``):
+pass k of every cell runs before pass k+1 of any, so the passes of one cell lie
+minutes apart and see the host as it drifts over the sweep. On the H100 host,
+launch-bound cells moved 10-40% between blocks seconds apart and between runs
+minutes apart (report/h100-repeatability): trials inside one job cannot see
+that, passes can. This module folds the passes of a cell into one row:
+
+- centre: the median of every step of every pass (the median of the per-pass
+  medians where a pass did not keep its steps, e.g. do_bench's thousands);
+- interval: the envelope of the order-statistic interval of the pooled steps
+  (or the hull of the per-pass intervals), the Student-t interval of all
+  trial medians and the Student-t interval of the pass medians — each blind
+  to one kind of noise, as in :func:`cs336sys.measure.stats.summarize_trials`;
+- then widened to at least ``floor_rel`` of the centre on each side: on the
+  H100, cells that kept the GPU busy repeated within 0.65% between runs while
+  their own intervals were ±0.05%; an interval narrower than what a rerun
+  shows would make every rerun a finding.
+
+The state columns keep the worst case: the lowest end-of-timing SM clock and
+every throttle reason seen, so ``throttled`` and ``below_clocks`` flag a cell
+if any pass ran so; ``gpu_busy_frac`` is the lowest of the passes.
+Failure rows are kept from every pass (once per distinct failure).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from cs336sys.measure.stats import median_ci_order, trial_ci
+
+PASS = "pass_index"
+KEY = ["cell_id", "mode", "phase"]
+
+
+def _floats(value: object) -> list[float]:
+    if not isinstance(value, str) or not value:
+        return []
+    return [float(v) for v in value.split(";") if v]
+
+
+def widen(median: float, low: float, high: float, floor_rel: float) -> tuple[float, float]:
+    """(low, high) widened to at least ``floor_rel`` × ``median`` on each side; nan bounds stay nan."""
+    if not (math.isfinite(median) and floor_rel > 0):
+        return low, high
+    return (min(low, median * (1 - floor_rel)), max(high, median * (1 + floor_rel)))
+
+
+def combine_timed(group: pd.DataFrame, floor_rel: float) -> dict:
+    """One row from the ok rows of the same (cell, mode, phase) in one or more passes."""
+    group = group.sort_values(PASS) if PASS in group else group
+    row = group.iloc[0].to_dict()
+    per_pass = [_floats(s) for s in group.get("samples_ms", pd.Series([""] * len(group)))]
+    pass_medians = [float(m) for m in group["median_ms"]]
+    trial_medians = [m for s in group.get("trial_medians_ms", []) for m in _floats(s)] or pass_medians
+    have_steps = all(per_pass) and len(per_pass) == len(group)
+    pooled = np.concatenate([np.asarray(s) for s in per_pass]) if have_steps else np.empty(0)
+    if have_steps:
+        median = float(np.median(pooled))
+        parts = [median_ci_order(pooled)]
+    else:
+        median = float(np.median(pass_medians))
+        bounds = [pd.to_numeric(group.get(c, pd.Series(dtype=float)), errors="coerce") for c in ("ci_low_ms", "ci_high_ms")]
+        parts = [(float(bounds[0].min()), float(bounds[1].max()))] if all(b.notna().all() and len(b) for b in bounds) else []
+    if len(trial_medians) >= 2:
+        parts.append(trial_ci(trial_medians))
+    if len(pass_medians) >= 2:
+        parts.append(trial_ci(pass_medians))
+    parts = [p for p in parts if all(math.isfinite(x) for x in p)]
+    low = min([median, *(p[0] for p in parts)])
+    high = max([median, *(p[1] for p in parts)])
+    low, high = widen(median, low, high, floor_rel)
+    row.update(median_ms=median, ci_low_ms=max(low, 0.0), ci_high_ms=high, passes=len(group))
+    row["pass_medians_ms"] = ";".join(f"{m:.4f}" for m in pass_medians)
+    if len(group) == 1:
+        return row
+    n = pd.to_numeric(group.get("n", pd.Series([1] * len(group))), errors="coerce").fillna(1)
+    row.update(n=int(n.sum()), trials=len(trial_medians), trial_medians_ms=";".join(f"{m:.4f}" for m in trial_medians))
+    if have_steps:
+        row.update(mean_ms=float(pooled.mean()), std_ms=float(pooled.std(ddof=1)) if pooled.size > 1 else 0.0,
+                   min_ms=float(pooled.min()), max_ms=float(pooled.max()),
+                   samples_ms=";".join(f"{s:.4f}" for s in pooled) if pooled.size <= 500 else "")  # fmt: skip
+    else:
+        row.update(mean_ms=float(np.average(group["mean_ms"], weights=n)), min_ms=float(group["min_ms"].min()),
+                   max_ms=float(group["max_ms"].max()), std_ms=float(group["std_ms"].max()), samples_ms="")  # fmt: skip
+    last = group.iloc[-1]
+    for col in group.columns:
+        if col.startswith("end_"):
+            row[col] = last[col]
+        if col.endswith("throttle_reasons"):
+            row[col] = ";".join(dict.fromkeys(r for v in group[col].dropna() for r in str(v).split(";") if r))
+    if "end_sm_clock_mhz" in group:
+        row["end_sm_clock_mhz"] = pd.to_numeric(group["end_sm_clock_mhz"], errors="coerce").min()
+    if "gpu_busy_frac" in group:
+        row["gpu_busy_frac"] = pd.to_numeric(group["gpu_busy_frac"], errors="coerce").min()
+    if "finished_at" in group:
+        row["finished_at"] = last["finished_at"]
+    return row
+
+
+def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0) -> pd.DataFrame:
+    """Fold a study's rows from several passes into one row per (cell, mode, phase); see the module doc.
+
+    Timed ok rows (those with a ``median_ms``) are combined; other ok rows (typed
+    records, memory, profiles) come from each cell's first pass that has them;
+    failure rows from every pass, once per distinct failure. The interval floor
+    applies to every timed row, a single pass's included.
+    """
+    if df.empty or "median_ms" not in df or "status" not in df:
+        return df
+    if PASS not in df:
+        df = df.assign(**{PASS: 0})
+    ok = df["status"] == "ok"
+    timed = ok & pd.to_numeric(df["median_ms"], errors="coerce").notna()
+    if "kind" in df:
+        timed &= df["kind"].isna() | (df["kind"].astype(str) == "")
+    df = df.assign(_order=df.groupby("cell_id", sort=False).ngroup())  # keep the cells' order of appearance
+    key = [c for c in KEY if c in df]
+    parts: list[pd.DataFrame] = []
+    if timed.any():
+        groups = df[timed].fillna({c: "" for c in key}).groupby(key, sort=False, dropna=False)
+        parts.append(pd.DataFrame([combine_timed(g, floor_rel) for _, g in groups]))
+    other = df[ok & ~timed]
+    if not other.empty:
+        first = other.groupby("cell_id")[PASS].transform("min")
+        parts.append(other[other[PASS] == first])
+    failed = df[~ok]
+    if not failed.empty:
+        dedup = [c for c in ("cell_id", "mode", "status", "error") if c in failed]
+        parts.append(failed.sort_values(PASS).drop_duplicates(dedup))
+    out = pd.concat(parts, ignore_index=True, sort=False).sort_values("_order", kind="stable")
+    columns = [c for c in df.columns if c in out] + [c for c in out.columns if c not in df.columns]
+    return out[columns].drop(columns="_order").reset_index(drop=True)
+

@@ -1,0 +1,103 @@
+"""Folding a cell's passes over the grid into one row (analysis.passes), with known answers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cs336sys.analysis.metrics import add_derived
+from cs336sys.analysis.passes import combine_passes, widen
+from cs336sys.measure.stats import median_ci_order, trial_ci
+
+
+def _row(pass_index, samples, cell="c1", mode="train", phase="step", **extra):
+    samples = list(samples)
+    return {
+        "study": "e2e", "cell_id": cell, "status": "ok", "error": "", "mode": mode, "phase": phase,
+        "median_ms": float(np.median(samples)), "ci_low_ms": min(samples), "ci_high_ms": max(samples),
+        "mean_ms": float(np.mean(samples)), "std_ms": float(np.std(samples, ddof=1)), "min_ms": min(samples),
+        "max_ms": max(samples), "n": len(samples), "trials": 1, "trial_medians_ms": f"{np.median(samples):.4f}",
+        "samples_ms": ";".join(f"{s:.4f}" for s in samples), "pass_index": pass_index, **extra,
+    }  # fmt: skip
+
+
+def test_three_passes_pool_their_steps_and_take_the_widest_interval():
+    rng = np.random.default_rng(0)
+    passes = [list(10.0 * shift + rng.normal(0, 0.01, 20)) for shift in (1.0, 1.3, 0.9)]
+    df = pd.DataFrame([_row(k, s) for k, s in enumerate(passes)])
+    out = combine_passes(df, floor_rel=0.0)
+    assert len(out) == 1
+    row = out.iloc[0]
+    pooled = np.round(np.concatenate(passes), 4)
+    assert row["median_ms"] == pytest.approx(np.median(pooled), rel=1e-9)
+    assert row["n"] == 60 and row["passes"] == 3 and row["trials"] == 3
+    pass_medians = [float(m) for m in row["pass_medians_ms"].split(";")]
+    assert pass_medians == pytest.approx([np.median(s) for s in passes], abs=1e-4)
+    # the t-interval of the three pass medians is the widest part here: host drift between passes
+    t_low, t_high = trial_ci(pass_medians)
+    o_low, o_high = median_ci_order(pooled)
+    assert row["ci_low_ms"] == pytest.approx(max(min(t_low, o_low), 0.0), rel=1e-5)
+    assert row["ci_high_ms"] == pytest.approx(max(t_high, o_high), rel=1e-5)  # medians stored to 4 decimals
+    assert row["ci_high_ms"] - row["ci_low_ms"] > 0.3 * 10  # wider than any one pass's spread (±0.03)
+    assert row["min_ms"] == pytest.approx(pooled.min()) and row["max_ms"] == pytest.approx(pooled.max())
+
+
+def test_the_floor_widens_a_narrow_interval_and_only_a_narrow_one():
+    steps = [10.0 + 0.0001 * i for i in range(30)]
+    one = pd.DataFrame([_row(0, steps)])
+    out = combine_passes(one, floor_rel=0.01).iloc[0]
+    assert out["ci_low_ms"] == pytest.approx(out["median_ms"] * 0.99)
+    assert out["ci_high_ms"] == pytest.approx(out["median_ms"] * 1.01)
+    untouched = combine_passes(one, floor_rel=0.0).iloc[0]
+    assert untouched["ci_high_ms"] - untouched["ci_low_ms"] < 0.01
+    assert widen(10.0, 5.0, 20.0, 0.01) == (5.0, 20.0)  # already wider: unchanged
+    low, high = widen(math.nan, 1.0, 2.0, 0.01)
+    assert (low, high) == (1.0, 2.0)
+
+
+def test_a_throttled_or_slow_clocked_pass_flags_the_merged_row():
+    base = {"start_throttle_reasons": "none", "max_sm_clock_mhz": 1980, "start_sm_clock_mhz": 1980}
+    rows = [
+        _row(0, [10.0] * 10, end_throttle_reasons="none", end_sm_clock_mhz=1980, gpu_busy_frac=0.95, **base),
+        _row(1, [10.1] * 10, end_throttle_reasons="sw_thermal_slowdown", end_sm_clock_mhz=1500, gpu_busy_frac=0.85, **base),
+        _row(2, [10.0] * 10, end_throttle_reasons="none", end_sm_clock_mhz=1980, gpu_busy_frac=0.96, **base),
+    ]
+    out = add_derived(combine_passes(pd.DataFrame(rows), floor_rel=0.01)).iloc[0]
+    assert bool(out["throttled"]) and bool(out["below_clocks"]) and bool(out["host_bound"])
+    assert out["gpu_busy_frac"] == pytest.approx(0.85)
+
+
+def test_phases_modes_and_cells_stay_apart_and_keep_their_order():
+    rows = [_row(k, [1.0 + k, 1.1 + k], cell=c, mode=m, phase=p)
+            for k in range(2) for c in ("b", "a") for m in ("inference", "train") for p in ("step", "forward")]  # fmt: skip
+    out = combine_passes(pd.DataFrame(rows))
+    assert len(out) == 8
+    assert list(dict.fromkeys(out["cell_id"])) == ["b", "a"]
+    assert set(out["passes"]) == {2}
+
+
+def test_failures_are_kept_once_and_records_come_from_the_first_pass():
+    oom = {"study": "e2e", "cell_id": "c1", "status": "oom", "error": "CUDA out of memory", "mode": "train", "pass_index": 0}
+    record = {"study": "e2e", "cell_id": "c1", "status": "ok", "error": "", "kind": "memory", "peak": 1.0}
+    rows = [_row(0, [5.0, 5.1], mode="inference"), _row(1, [5.2, 5.3], mode="inference"),
+            oom, {**oom, "pass_index": 1}, {**record, "pass_index": 0}, {**record, "pass_index": 1, "peak": 2.0}]  # fmt: skip
+    out = combine_passes(pd.DataFrame(rows))
+    assert (out["status"] == "oom").sum() == 1
+    records = out[out["kind"] == "memory"]
+    assert len(records) == 1 and records["peak"].iloc[0] == 1.0
+    timed = out[(out["status"] == "ok") & out["median_ms"].notna()]
+    assert len(timed) == 1 and timed["passes"].iloc[0] == 2
+
+
+def test_passes_without_stored_steps_use_their_medians_and_the_hull_of_their_intervals():
+    a = {**_row(0, [1.0, 1.1]), "samples_ms": "", "median_ms": 1.00, "ci_low_ms": 0.99, "ci_high_ms": 1.01, "n": 5000}
+    b = {**_row(1, [1.0, 1.1]), "samples_ms": "", "median_ms": 1.04, "ci_low_ms": 1.03, "ci_high_ms": 1.05, "n": 5000}
+    out = combine_passes(pd.DataFrame([a, b]), floor_rel=0.0).iloc[0]
+    assert out["median_ms"] == pytest.approx(1.02)
+    assert out["n"] == 10000
+    t_low, t_high = trial_ci([1.00, 1.04])
+    assert out["ci_low_ms"] == pytest.approx(max(min(0.99, t_low), 0.0))
+    assert out["ci_high_ms"] == pytest.approx(max(1.05, t_high))
