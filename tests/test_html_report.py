@@ -175,7 +175,8 @@ def test_html_report_opens_on_each_studys_headline_table_and_figures(demo_root, 
     assert built.returncode == 0, built.describe()
     seen = probe(render(report, tmp_path))
     # the landing page is the report, at the page's width (not Snakemake's narrow description column)
-    assert seen["width"] > 0.6 * VIEWPORT[0], seen["width"]
+    assert seen["width"] > 0, "the landing page does not show the report page: is rule report_html's page a target of rule all?"
+    assert seen["width"] > 0.6 * VIEWPORT[0], f"the report is squeezed into {seen['width']} px of {VIEWPORT[0]}"
 
     markdown = (demo_root / "report" / DEMO_RUN / "report.md").read_text()
     for study in load_config(demo_root, DEMO)["studies"]:

@@ -27,7 +27,6 @@ Failure rows are kept from every pass (once per distinct failure).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -136,4 +135,3 @@ def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0) -> pd.DataFrame:
     out = pd.concat(parts, ignore_index=True, sort=False).sort_values("_order", kind="stable")
     columns = [c for c in df.columns if c in out] + [c for c in out.columns if c not in df.columns]
     return out[columns].drop(columns="_order").reset_index(drop=True)
-

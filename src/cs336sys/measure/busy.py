@@ -23,11 +23,22 @@ from cs336sys.measure.timing import StepClock, synchronize
 
 WINDOW = "cs336sys.busy_window"
 NO_CUDA = "GPU busy share needs CUDA (a CPU has no separate device timeline)"
+LATER_PASS = "measured in the cell's first pass only; the merge keeps it"
+# The cell runner turns it off after a cell's first pass: a profiler pass costs seconds per
+# mode, and whether a cell is launch-bound does not change between passes.
+ENABLED = True
+
+
+def busy_note(busy: float | None, device: torch.device) -> str:
+    """Why ``gpu_busy_frac`` is empty, or "" when it was measured."""
+    if busy is not None:
+        return ""
+    return NO_CUDA if device.type != "cuda" else LATER_PASS if not ENABLED else "no kernel window recorded"
 
 
 def gpu_busy_share(step: Callable[[StepClock], None], device: torch.device, steps: int = 3) -> float | None:
-    """Median share of a step's wall time with GPU work in flight; None on a CPU."""
-    if device.type != "cuda":
+    """Median share of a step's wall time with GPU work in flight; None on a CPU or when not :data:`ENABLED`."""
+    if device.type != "cuda" or not ENABLED:
         return None
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function

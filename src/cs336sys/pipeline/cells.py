@@ -102,7 +102,7 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
         os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
 
-    from cs336sys.measure import gpu_state, timing
+    from cs336sys.measure import busy, gpu_state, timing
     from cs336sys.measure.env import environment, pick_device
     from cs336sys.measure.memory import cap_memory, release
 
@@ -119,6 +119,7 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
             env.update({k: static[k] for k in ("gpu_index", "gpu_uuid", "max_sm_clock_mhz", "gpu_state_note")})
             env.update({k: v for k, v in gpu_state.host_state().items() if k != "load_avg_1m"})
         timing.configure(**cell.timing, state=gpu_state.sample if device.type == "cuda" else gpu_state.host_load)
+        busy.ENABLED = cell.pass_index == 0
         conn.send(("env", env))
         cap_memory(cell.memory_fraction, device)
         _inject_fault(cell.cell_id, fault)

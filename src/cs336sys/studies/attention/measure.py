@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from cs336sys.measure import memory
-from cs336sys.measure.busy import NO_CUDA, gpu_busy_share
+from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.flops import attention_core_flops, phase_flops
 from cs336sys.measure.timing import StepClock, time_steps, timing_rows
 from cs336sys.models.attention import get_attention
@@ -81,7 +81,7 @@ def measure(
         "batch_size": batch_size,
         "peak_mem_bytes": peak,
         "gpu_busy_frac": busy,
-        "gpu_busy_note": "" if busy is not None else NO_CUDA,
+        "gpu_busy_note": busy_note(busy, device),
         "mem_before_fwd_bytes": mem.get("before_forward"),
         "mem_before_bwd_bytes": mem.get("before_backward"),
         # bytes of one (batch, L, L) matrix in the compute dtype: the unit in which eager keeps P for backward

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from cs336sys.measure import memory
-from cs336sys.measure.busy import NO_CUDA, gpu_busy_share
+from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.flops import lm_forward_flops, phase_flops
 from cs336sys.measure.lm_steps import graphed_lm_steps, lm_steps, setup_lm
 from cs336sys.measure.timing import time_steps, timing_rows
@@ -74,7 +74,7 @@ def measure(
         timing = time_steps(steps[mode], warmup=warmup_steps, steps=measure_steps, device=device)
         busy = gpu_busy_share(steps[mode], device)
         extra = {"mode": mode, **common, "peak_mem_bytes": memory.peak_allocated_bytes(device),
-                 "gpu_busy_frac": busy, "gpu_busy_note": "" if busy is not None else NO_CUDA}  # fmt: skip
+                 "gpu_busy_frac": busy, "gpu_busy_note": busy_note(busy, device)}  # fmt: skip
         if mode == "train":
             # a graph needs a capturable optimizer: fused AdamW, the same update as the course's
             extra.update(optimizer="fused-capturable" if cuda_graphs else optimizer, mem_before_bwd_bytes=memory_log.get("before_backward"))

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from cs336sys.measure import memory
-from cs336sys.measure.busy import NO_CUDA, gpu_busy_share
+from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.flops import mha_forward_flops, phase_flops
 from cs336sys.measure.timing import StepClock, time_steps, timing_rows
 from cs336sys.models.dtypes import autocast, set_matmul_precision
@@ -62,7 +62,7 @@ def measure(
             **common,
             "peak_mem_bytes": peak,
             "gpu_busy_frac": busy,
-            "gpu_busy_note": "" if busy is not None else NO_CUDA,
+            "gpu_busy_note": busy_note(busy, device),
         }
         yield from timing_rows(timing, phase_flops(fwd, mode), extra)
         memory.release(device)
