@@ -198,9 +198,10 @@ def validate_semantics(config: Mapping[str, Any]) -> None:
 
 def coerce_command_line(config: dict) -> None:
     """``--config check_local_cuda=false`` arrives as the string 'false': make it the boolean it means."""
-    value = config.get("check_local_cuda")
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        config["check_local_cuda"] = value.lower() == "true"
+    for key in ("check_local_cuda", "warm_worker"):
+        value = config.get(key)
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            config[key] = value.lower() == "true"
 
 
 # --- the default run name: `run: auto` (the schema's default) names the run after the GPU -------
