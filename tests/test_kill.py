@@ -336,3 +336,11 @@ def test_timeout_names_the_part_the_child_was_in(no_fault):
     """The child forwards its context as it changes, so a hang or a crash is placed in its part too."""
     (row,) = run_cell(_unit_cell("measure_part_then_hang", {"x": 1}, timeout_s=4))
     assert row["status"] == "timeout" and row["mode"] == "train", row
+
+
+def test_a_long_part_reports_progress_until_its_time_limit(no_fault):
+    heard: list[tuple[dict, float]] = []
+    (row,) = run_cell(_unit_cell("measure_part_then_hang", {"x": 1}, timeout_s=12), progress=lambda c, s: heard.append((dict(c), s)))
+    assert row["status"] == "timeout" and row["mode"] == "train"
+    assert heard and heard[0][0] == {"mode": "train"}  # the part, as soon as it starts
+    assert any(s >= 10 for c, s in heard if c == {"mode": "train"}), heard  # and again while it runs

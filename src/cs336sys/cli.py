@@ -210,8 +210,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = S.cell_settings(args.study, axes, config, artifact_dir="cs336sys-artifacts")
     cell = Cell(**{**settings, "device": args.device}, timeout_s=args.timeout)
     print(f"measuring {args.study} {cell.cell_id} on {args.device} (time limit {args.timeout:g} s) …", file=sys.stderr, flush=True)
+
     # The child resolves --device auto: asking torch.cuda here would poison a fork.
-    frame = add_derived(rows_to_frame(run_cell(cell, start_method="fork"), cell.axes), config["peak_tflops"])
+    def progress(context: dict, elapsed_s: float) -> None:  # a long cell is not silent
+        part = " ".join(f"{k}={v}" for k, v in context.items()) or "starting"
+        print(f"  … {part} ({elapsed_s:.0f} s)", file=sys.stderr, flush=True)
+
+    rows = run_cell(cell, start_method="fork", progress=progress)
+    frame = add_derived(rows_to_frame(rows, cell.axes), config["peak_tflops"])
     if args.device == "auto" and (frame.get("device") == "cpu").all():
         print("note: no CUDA device found; ran on CPU (memory columns stay empty)", file=sys.stderr)
     if args.csv:

@@ -28,6 +28,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ import torch
 from cs336sys.pipeline.faults import FAULT_ENV, parse_fault_spec
 from cs336sys.pipeline.rows import Skip
 
+PROGRESS_EVERY_S = 10.0
 OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
@@ -204,7 +206,12 @@ def _needs_lease(cell: Cell) -> bool:
     return cell.device != "cpu" or bool(os.environ.get("CS336SYS_FAKE_GPUS"))
 
 
-def run_cell(cell: Cell, start_method: str | None = None, owner_pid: int | None = None) -> list[dict[str, Any]]:
+def run_cell(
+    cell: Cell,
+    start_method: str | None = None,
+    owner_pid: int | None = None,
+    progress: Callable[[dict[str, Any], float], None] | None = None,
+) -> list[dict[str, Any]]:
     """Run ``cell`` in a child process and return its rows (at least one), each with a status.
 
     One cell at a time per GPU, across every run on the host: the job holds a
@@ -213,15 +220,16 @@ def run_cell(cell: Cell, start_method: str | None = None, owner_pid: int | None 
     ``start_method``: see :func:`_context`; pass ``"fork"`` only from a process
     that has run no torch computation. ``owner_pid``: the job this runs for, when
     that is not this process (the warm worker, ``pipeline.warm``): the measurement
-    stops when it dies.
+    stops when it dies. ``progress(context, elapsed_s)`` hears each part the child
+    starts (e.g. ``{"mode": "train"}``), and every 10 s while a part runs.
     """
     from cs336sys.pipeline import gpulock
 
     gpus = gpulock.visible_gpus() if _needs_lease(cell) else []
     if not gpus:
-        return _run_child(cell, start_method, None, owner_pid)
+        return _run_child(cell, start_method, None, owner_pid, progress)
     with gpulock.acquire_gpu(gpus) as lease:
-        return _run_child(cell, start_method, lease, owner_pid)
+        return _run_child(cell, start_method, lease, owner_pid, progress)
 
 
 def _gone(pid: int | None) -> bool:
@@ -230,7 +238,7 @@ def _gone(pid: int | None) -> bool:
     return pid is not None and not pid_alive(pid)
 
 
-def _run_child(cell: Cell, start_method: str | None, lease, owner_pid: int | None = None) -> list[dict[str, Any]]:
+def _run_child(cell: Cell, start_method: str | None, lease, owner_pid: int | None = None, progress=None) -> list[dict[str, Any]]:
     from cs336sys.pipeline import gpulock
 
     ctx = _context(start_method)
@@ -244,7 +252,8 @@ def _run_child(cell: Cell, start_method: str | None, lease, owner_pid: int | Non
     child_conn.close()
 
     env, rows, failure, context = _base_env(cell), [], None, {}
-    deadline = time.monotonic() + cell.timeout_s
+    started = time.monotonic()
+    deadline, next_note = started + cell.timeout_s, started + PROGRESS_EVERY_S
     while failure is None:
         remaining = deadline - time.monotonic()
         if _gone(owner_pid):
@@ -257,6 +266,9 @@ def _run_child(cell: Cell, start_method: str | None, lease, owner_pid: int | Non
             if not parent_conn.poll(min(remaining, 1.0)):
                 if not proc.is_alive() and not parent_conn.poll(0):
                     failure = ("error", _exit_reason(proc.exitcode), context)
+                elif progress is not None and time.monotonic() >= next_note:
+                    next_note += PROGRESS_EVERY_S
+                    progress(context, time.monotonic() - started)
                 continue
             kind, payload = parent_conn.recv()
         except (EOFError, OSError):
@@ -267,6 +279,8 @@ def _run_child(cell: Cell, start_method: str | None, lease, owner_pid: int | Non
             env.update(payload)
         elif kind == "context":
             context = payload
+            if progress is not None:
+                progress(context, time.monotonic() - started)
         elif kind == "row":
             rows.append({**payload, "status": "ok", "error": ""})
         elif kind == "done":
