@@ -122,7 +122,9 @@ def _outputs(workdir: Path) -> dict:
         }
     report_dir = workdir / "report" / RUN
     report = sorted(str(p.relative_to(report_dir)) for p in report_dir.rglob("*") if p.is_file())
-    cells = sorted(str(p.relative_to(workdir)) for p in (workdir / "results" / RUN).glob("*/cells/*.csv"))
+    # one CSV per cell and pass: pass 0 in cells/, pass k in cells/pass<k>/
+    results = workdir / "results" / RUN
+    cells = sorted(str(p.relative_to(workdir)) for p in [*results.glob("*/cells/*.csv"), *results.glob("*/cells/pass*/*.csv")])
     return {"merged": merged, "report": report, "cells": cells}
 
 
@@ -192,7 +194,7 @@ def test_cpu_demo_on_slurm_matches_local_run(slurm_cluster, tmp_path):
     # every cell ran as a SLURM job (and nothing else did: merge/plots/report are localrules)
     submitted = SUBMITTED.findall(log_s)
     rules = sorted({Path(logpath).parts[-3] for _, logpath in submitted})
-    assert len(submitted) == len(out_s["cells"]), f"{len(submitted)} SLURM jobs for {len(out_s['cells'])} cells"
+    assert len(submitted) == len(out_s["cells"]), f"{len(submitted)} SLURM jobs for {len(out_s['cells'])} cell CSVs"
     assert all(re.fullmatch(r"rule_\w+_(cell|pass\d+)", r) for r in rules), rules
     job_ids = {jobid for jobid, _ in submitted}
     # the plugin's per-job logs are kept (slurm-keep-successful-logs) and named <jobid>.log

@@ -114,8 +114,9 @@ def request_cell(request: dict[str, Any]) -> dict[str, Any] | None:
         reply = b""
         while chunk := sock.recv(65536):
             reply += chunk
-    if not reply:
-        raise RuntimeError(f"the warm server ({path}) closed the connection without a reply; see {path.with_suffix('.log')}")
+    if not reply:  # a server that died, or shut down with our connection still queued
+        print(f"the warm server ({path}) closed the connection without a reply; the job runs the cell itself", file=sys.stderr)
+        return None
     return json.loads(reply)
 
 
@@ -159,6 +160,7 @@ def _job(request: dict[str, Any], owner_pid: int | None = None) -> str:
 def _handle(conn: socket.socket) -> None:
     import traceback
 
+    conn.setblocking(True)
     data = b""
     while not data.endswith(b"\n"):
         chunk = conn.recv(65536)
@@ -203,23 +205,33 @@ def serve(path: Path, idle_s: float) -> None:
                 if os.waitpid(pid, os.WNOHANG)[0]:
                     handlers.discard(pid)
                     last = time.monotonic()
-            if conn is None:
-                continue
-            pid = os.fork()
-            if pid == 0:
-                server.close()
-                try:
-                    _handle(conn)
-                finally:
-                    os._exit(0)
-            conn.close()
-            handlers.add(pid)
-            last = time.monotonic()
+            if conn is not None:
+                handlers.add(_fork_handler(server, conn))
+                last = time.monotonic()
     finally:
         with contextlib.suppress(FileNotFoundError):
             if os.stat(path).st_ino == inode:  # not a newer server's socket
-                path.unlink()
+                path.unlink()  # first: no new job connects to a server that is going
+        server.setblocking(False)
+        while True:  # jobs that connected just before: serve them, do not drop them
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                break
+            _fork_handler(server, conn)
         server.close()
+
+
+def _fork_handler(server: socket.socket, conn: socket.socket) -> int:
+    pid = os.fork()
+    if pid == 0:
+        server.close()
+        try:
+            _handle(conn)
+        finally:
+            os._exit(0)
+    conn.close()
+    return pid
 
 
 if __name__ == "__main__":
