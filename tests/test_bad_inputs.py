@@ -333,7 +333,7 @@ def test_exact_variant_ignores_num_features_in_its_cell_id(monkeypatch):
     """--num-features means nothing to an exact layer: the cell is the one with num_features=0."""
     seen = []
 
-    def capture(cell, start_method=None):
+    def capture(cell, start_method=None, **_):
         seen.append(cell)
         raise KeyboardInterrupt  # stop before anything measures
 
