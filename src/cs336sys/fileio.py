@@ -39,14 +39,19 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (dead, not yet reaped by its parent) counts as gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # someone else's process
-    return True
+        pass  # alive, owned by someone else
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: kill(0) is all there is
+    return stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X")
 
 
 def remove_stale_temps(folder: str | os.PathLike, name: str | None = None) -> list[Path]:
@@ -64,7 +69,7 @@ def remove_stale_temps(folder: str | os.PathLike, name: str | None = None) -> li
         if not m or (name is not None and m.group(2) != name):
             continue
         pid = int(m.group(1))
-        if pid == os.getpid() or _pid_alive(pid):
+        if pid == os.getpid() or pid_alive(pid):
             continue
         with contextlib.suppress(FileNotFoundError):
             path.unlink()

@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from cs336sys.fileio import pid_alive  # the one liveness check: a zombie counts as gone
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -64,21 +66,6 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
         os._exit(1)
     if not armed:
         _start_watchdog(parent_pid, sig)
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie (dead, not yet reaped by its parent) counts as gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # alive, owned by someone else
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc: kill(0) is all there is
-    return stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X")
 
 
 def watch_pid(pid: int, sig: int = signal.SIGKILL, poll_s: float = 0.5) -> threading.Thread:

@@ -1,6 +1,6 @@
 """A warm worker: one process per host that has imported torch once and forks a fresh job per cell.
 
-A cell job used to pay a Python start-up and ``import torch`` (4.5-5.6 s on the H100
+A cell job used to pay a Python start-up and ``import torch`` (4.5-7.7 s measured on the H100
 hosts) before measuring for a few seconds. Here the job script is a thin client that
 imports nothing heavy: it sends the cell to a long-lived server over a Unix socket and
 waits. The server has imported torch and the cell runner but never initialised CUDA,

@@ -48,7 +48,8 @@ def sdpa_speedup(df: pd.DataFrame) -> pd.DataFrame:
 def graph_speedup(df: pd.DataFrame) -> pd.DataFrame:
     """Eager step time / CUDA-graph replay time, per cell and mode: what launching costs."""
     keys = [k for k in LM_KEYS if k != "cuda_graphs"] + ["mode"]
-    return paired_ratios(ok_rows(df, phase="step"), keys, "cuda_graphs", 0, 1)
+    ratios = paired_ratios(ok_rows(df, phase="step"), keys, "cuda_graphs", 0, 1)
+    return ratios.rename(columns={"0_ms": "eager_ms", "1_ms": "graph_ms"})  # the axis values, named
 
 
 def trust(df: pd.DataFrame) -> pd.DataFrame:
