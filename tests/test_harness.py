@@ -392,3 +392,31 @@ def test_git_commit_can_be_named_where_the_tree_has_no_git(monkeypatch):
         assert env.environment(torch.device("cpu"))["git_commit"] == "abc123def456"
     finally:
         env.git_commit.cache_clear()
+
+
+def test_time_based_warmup_only_for_a_gpu_that_was_idle(monkeypatch):
+    # min_warmup_s brings an idle GPU to its clocks; the next mode of a cell follows at once and
+    # runs its warm-up steps only, unless WARM_GAP_S passed since this process's last GPU work
+    import cs336sys.measure.timing as timing
+
+    now = [1000.0]
+    monkeypatch.setattr(timing.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(timing, "_gpu_busy_at", None)
+    fake = FakeClock()
+    ran = []
+
+    def step(clock):
+        ran.append(1)
+        fake.advance(10)
+
+    def count(**kw):
+        ran.clear()
+        t = time_steps(step, warmup=1, steps=1, device=CPU, clock=fake, sync=lambda d: None, min_warmup_s=50 * TICK_S, **kw)
+        return len(ran), t
+
+    first, t = count()
+    assert first == 5 + 1 and t.warmup_steps_run == 5  # 5 steps of 10 ticks reach 50 ticks
+    assert t.timed_s == pytest.approx(10 * TICK_S)
+    assert count()[0] == 1 + 1  # right after: the warm-up steps only
+    now[0] += timing.WARM_GAP_S + 0.1
+    assert count()[0] == 5 + 1  # idle for longer: time-based again

@@ -186,3 +186,30 @@ def test_relu_fused_memory_far_below_eager():
     eager = _peak_bytes(lambda *a: _reference(*a, "relu")[0], q, k, v, do)
     fused = _peak_bytes(ta.relu_attention_fused, q, k, v, do)
     assert fused < eager / 4, f"fused {fused / 2**20:.0f} MiB vs eager {eager / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("kind", ["fwd", "dkdv", "dq"])
+def test_configs_survive_the_autotuners_disk_cache(kind):
+    # Triton's cache_results stores [(config.__dict__, timing)] as JSON and rebuilds each
+    # config with triton.Config(**d): an attribute of ours there failed every cell after the
+    # first of a shape (TypeError: unexpected keyword argument 'd_max', seen on the H100)
+    import json
+
+    import triton
+
+    for config in ta._configs(kind, interpret=False):
+        rebuilt = triton.Config(**json.loads(json.dumps(config.__dict__)))
+        assert (rebuilt.kwargs, rebuilt.num_warps, rebuilt.num_stages) == (config.kwargs, config.num_warps, config.num_stages)
+
+
+def test_prune_keeps_the_configs_meant_for_the_dtype_and_head():
+    configs = ta._configs("fwd", interpret=False)
+
+    def kept(dtype, head_dim, n_ctx):
+        args = {"Q": torch.empty(1, dtype=dtype), "HEAD_DIM": head_dim, "N_CTX": n_ctx}
+        return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in ta._prune("fwd", configs, args)}
+
+    assert kept(torch.float32, 64, 4096) == {(32, 32, 4, 2)}
+    assert (128, 64, 4, 3) in kept(torch.bfloat16, 64, 4096)
+    assert (128, 64, 4, 3) not in kept(torch.bfloat16, 128, 4096)  # tagged for heads up to 64
+    assert all(max(bm, bn) <= 64 for bm, bn, _, _ in kept(torch.bfloat16, 64, 40))  # short sequence: short tiles

@@ -187,3 +187,32 @@ def test_a_job_told_not_to_use_the_server_runs_the_cell_itself(precision_cell, e
     assert job.returncode == 0, out
     assert set(pd.read_csv(tmp_path / "cell.csv")["status"]) == {"ok"}
     assert not _servers(env[warm.DIR_ENV])
+
+
+PRELOADED_CHILD = """
+import gc, json, os, sys
+import torch
+from cs336sys.pipeline import warm
+failed = warm.preload()
+before, frozen = set(sys.modules), gc.get_freeze_count()
+if os.fork() == 0:  # a measuring child: one small e2e training step on the CPU
+    from cs336sys.studies.e2e.measure import measure
+    list(measure(torch.device("cpu"), {}, size="small", context_length=8, precision="fp32", batch_size=1,
+                 vocab_size=50, warmup_steps=1, measure_steps=1, modes=("train",)))
+    print(json.dumps({"new": sorted(set(sys.modules) - before), "failed": failed, "frozen": frozen,
+                      "cuda": torch.cuda.is_initialized()}), flush=True)
+    os._exit(0)
+os.wait()
+"""
+
+
+def test_preload_leaves_a_measuring_child_little_to_import():
+    # torch imports torch._dynamo (sympy: ~900 modules) at a first backward; a child that does it
+    # itself pays seconds per cell. After preload() it imports next to nothing, CUDA untouched.
+    out = subprocess.run([sys.executable, "-c", PRELOADED_CHILD], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": SRC})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not got["failed"] and not got["cuda"] and got["frozen"] > 0
+    assert not [m for m in got["new"] if m.startswith(("torch._dynamo", "sympy", "triton"))]
+    assert len(got["new"]) < 20, got["new"]

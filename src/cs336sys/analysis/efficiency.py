@@ -52,6 +52,19 @@ def _cells(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     return cells.dropna(subset=["measuring_s"])
 
 
+def _stepping_s(frames: Mapping[str, pd.DataFrame]) -> float | None:
+    """Seconds of warm-up and timed blocks over every cell, pass and mode (rows of one mode share them)."""
+    total, seen = 0.0, False
+    for df in frames.values():
+        if df.empty or not {"warmup_s", "timed_s", "cell_id"} <= set(df.columns):
+            continue
+        key = [c for c in ("cell_id", "pass_index", "mode") if c in df]
+        once = df.dropna(subset=["timed_s"]).drop_duplicates(key)
+        total += float(pd.to_numeric(once["warmup_s"], errors="coerce").fillna(0).sum() + pd.to_numeric(once["timed_s"], errors="coerce").sum())
+        seen = seen or not once.empty
+    return total if seen else None
+
+
 def _benchmarks(folder: Path | None) -> pd.DataFrame:
     if folder is None or not folder.is_dir():
         return pd.DataFrame()
@@ -80,6 +93,14 @@ def sweep_efficiency(frames: Mapping[str, pd.DataFrame], benchmarks: Path | None
             f"{measuring:.1f} s ({100 * measuring / span:.0f}% of the span)" if span > 0 else f"{measuring:.1f} s",
         ),
     ]
+    steps = _stepping_s(frames)
+    if steps is not None:
+        out.append(
+            (
+                "of which warm-up and timed steps (studies timed step by step; the rest: CUDA context, set-up, profiling)",
+                f"{steps:.1f} s ({100 * steps / span:.0f}% of the span)" if span > 0 else f"{steps:.1f} s",
+            )
+        )
     ordered = cells.sort_values("started")
     gaps = (ordered["started"].iloc[1:].to_numpy() - ordered["finished"].iloc[:-1].to_numpy()) / pd.Timedelta(seconds=1)
     gaps = gaps[gaps >= 0]  # overlapping cells (several GPUs) have no gap between them

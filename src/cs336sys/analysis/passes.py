@@ -138,6 +138,9 @@ def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, in
     else:
         row.update(mean_ms=float(np.average(group["mean_ms"], weights=n)), min_ms=float(group["min_ms"].min()),
                    max_ms=float(group["max_ms"].max()), std_ms=float(group["std_ms"].max()), samples_ms="")  # fmt: skip
+    for col in ("warmup_s", "timed_s"):  # time spent, summed: the sweep-efficiency table adds them up
+        if col in group:
+            row[col] = float(pd.to_numeric(group[col], errors="coerce").sum())
     last = group.iloc[-1]
     for col in group.columns:
         if col.startswith("end_"):

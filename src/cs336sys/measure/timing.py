@@ -31,6 +31,22 @@ STEP = "step"  # the name under which the whole step's wall time is reported
 POLICY: dict[str, float] = {"trials": 1, "min_warmup_s": 0.0, "min_measure_s": 0.0}
 MAX_STORED_SAMPLES = 500
 _state_sampler: Callable[[], Mapping[str, object]] | None = None
+# The time-based warm-up (min_warmup_s) is for a GPU that was idle. A timed block that starts
+# within WARM_GAP_S of this process last keeping the GPU busy (the previous mode of the same
+# cell, its profiled steps) finds the clocks up and runs its warm-up steps only. A GPU that did
+# slow down still shows: every row carries its SM clock at the start of the timed block.
+WARM_GAP_S = 2.0
+_gpu_busy_at: float | None = None  # time.monotonic() when this process's GPU work last ended
+
+
+def mark_gpu_busy() -> None:
+    """Note that the GPU was working until now (see :data:`WARM_GAP_S`)."""
+    global _gpu_busy_at
+    _gpu_busy_at = time.monotonic()
+
+
+def gpu_recently_busy() -> bool:
+    return _gpu_busy_at is not None and time.monotonic() - _gpu_busy_at < WARM_GAP_S
 
 
 def configure(
@@ -150,6 +166,7 @@ class StepClock:
 class Timing:
     phases: dict[str, Stats]  # includes STEP, the wall time of whole steps
     warmup_s: float  # wall time of all warm-up (compilation and autotuning land in the first trial's)
+    timed_s: float = 0.0  # wall time of the timed blocks
     warmup_steps_run: int = 0  # warm-up steps actually run, time-based ones included
     first_step_s: float | None = None  # the first warm-up step: compilation, autotuning, allocator growth
     state: dict[str, object] = field(default_factory=dict)  # GPU/host state at the start and end of timing
@@ -171,7 +188,8 @@ def time_steps(
     """Time ``step`` in ``trials`` independent trials: each a warm-up, then a timed block.
 
     A warm-up runs ``warmup`` steps, and the first one more until ``min_warmup_s``
-    has passed (an idle GPU needs time, not steps, to reach its clocks); a timed
+    has passed (an idle GPU needs time, not steps, to reach its clocks; not after
+    GPU work of this process less than :data:`WARM_GAP_S` ago); a timed
     block runs ``steps`` steps and then more until ``min_measure_s`` has passed.
     Each step is timed by the wall clock between two synchronisations, each
     phase inside it by CUDA events. ``state()`` is sampled before the first and
@@ -180,12 +198,13 @@ def time_steps(
     """
     trials = int(POLICY["trials"] if trials is None else trials)
     min_warmup_s = POLICY["min_warmup_s"] if min_warmup_s is None else min_warmup_s
+    min_warmup_s = 0.0 if gpu_recently_busy() else min_warmup_s
     min_measure_s = POLICY["min_measure_s"] if min_measure_s is None else min_measure_s
     state = state or _state_sampler
     if steps < 1 or trials < 1:
         raise ValueError("steps and trials must be at least 1")
     samples: list[dict[str, list[float]]] = []
-    warmup_s, warmup_run, recorded, first_step_s = 0.0, 0, {}, None
+    warmup_s, timed_s, warmup_run, recorded, first_step_s = 0.0, 0.0, 0, {}, None
     for trial in range(trials):
         t0 = clock()
         while warmup_run < warmup * (trial + 1) or (trial == 0 and clock() - t0 < min_warmup_s):
@@ -208,10 +227,12 @@ def time_steps(
             for name, ms in step_clock.phase_ms().items():
                 block[name].append(ms)
         samples.append(block)
+        timed_s += clock() - started
+    mark_gpu_busy()
     if state is not None:
         recorded.update({f"end_{k}": v for k, v in state().items()})
     phases = {name: summarize([trial[name] for trial in samples]) for name in samples[0]}
-    return Timing(phases=phases, warmup_s=warmup_s, warmup_steps_run=warmup_run, first_step_s=first_step_s, state=recorded)
+    return Timing(phases=phases, warmup_s=warmup_s, timed_s=timed_s, warmup_steps_run=warmup_run, first_step_s=first_step_s, state=recorded)
 
 
 def bench_stats(
@@ -255,4 +276,4 @@ def timing_rows(timing: Timing, flops: Mapping[str, float | None], extra: Mappin
     """One row per timed phase: its statistics, its FLOPs, the warm-up, the state and ``extra`` columns."""
     for phase, stats in timing.phases.items():
         yield {"phase": phase, **stats.as_row(), "flops": flops.get(phase), "warmup_s": timing.warmup_s,
-               "warmup_steps_run": timing.warmup_steps_run, "first_step_s": timing.first_step_s, **timing.state, **extra}  # fmt: skip
+               "timed_s": timing.timed_s, "warmup_steps_run": timing.warmup_steps_run, "first_step_s": timing.first_step_s, **timing.state, **extra}  # fmt: skip

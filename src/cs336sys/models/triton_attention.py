@@ -20,6 +20,7 @@ Under TRITON_INTERPRET=1 (the CPU tests) each kernel has one small config.
 The kernel layout and the exp2 trick follow Triton's tutorial 06-fused-attention.py.
 """
 
+import functools
 import inspect
 import math
 import os
@@ -34,51 +35,60 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "y
 # ----------------------------------------------------------------------------- tuning
 
 
-def _configs(kind: str) -> list[triton.Config]:
-    """Candidates: BLOCK_M tiles queries, BLOCK_N keys. Each is tagged with the widest head it
-    is tried for (wider ones spill registers) and with the operand width it is meant for (fp32
-    tiles take twice the shared memory, and TF32x3 three times the registers, of bf16 ones)."""
-    if _INTERPRET:  # one config: the interpreter runs each program serially on the CPU
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) → (the widest head it is tried for, whether it is for
+# fp32), per kernel. Hopper-leaning. Wider heads spill registers; fp32 tiles take twice the shared
+# memory, and TF32x3 three times the registers, of bf16 ones.
+_TABLE: dict[str, dict[tuple[int, int, int, int], tuple[int, bool]]] = {
+    "fwd": {
+        (128, 64, 4, 3): (64, False),
+        (128, 64, 8, 4): (64, False),
+        (128, 64, 8, 3): (256, False),
+        (128, 128, 8, 3): (256, False),
+        (64, 64, 4, 3): (256, False),
+        (32, 32, 4, 2): (256, True),
+    },
+    "dkdv": {
+        (32, 64, 4, 3): (64, False),
+        (32, 128, 4, 4): (64, False),
+        (64, 64, 4, 3): (256, False),
+        (64, 64, 8, 3): (256, False),
+        (64, 128, 8, 2): (256, False),
+        (32, 32, 4, 2): (256, True),
+    },
+    "dq": {
+        (64, 32, 4, 3): (256, False),
+        (64, 64, 4, 3): (256, False),
+        (64, 64, 8, 3): (256, False),
+        (128, 32, 8, 3): (256, False),
+        (32, 32, 4, 2): (256, True),
+    },
+}
+
+
+def _configs(kind: str, interpret: bool = _INTERPRET) -> list[triton.Config]:
+    """Candidates: BLOCK_M tiles queries, BLOCK_N keys (:data:`_TABLE`).
+
+    A config carries nothing but Triton's own fields: the autotuner's disk cache
+    (``cache_results``) rebuilds each config with ``triton.Config(**config.__dict__)``,
+    so an attribute of ours would break every cell after the first of a shape.
+    """
+    if interpret:  # one config: the interpreter runs each program serially on the CPU
         bm, bn = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16)}[kind]
         return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=4, num_stages=1)]
-    table = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages, d_max, for fp32), Hopper-leaning
-        "fwd": [
-            (128, 64, 4, 3, 64, False),
-            (128, 64, 8, 4, 64, False),
-            (128, 64, 8, 3, 256, False),
-            (128, 128, 8, 3, 256, False),
-            (64, 64, 4, 3, 256, False),
-            (32, 32, 4, 2, 256, True),
-        ],
-        "dkdv": [
-            (32, 64, 4, 3, 64, False),
-            (32, 128, 4, 4, 64, False),
-            (64, 64, 4, 3, 256, False),
-            (64, 64, 8, 3, 256, False),
-            (64, 128, 8, 2, 256, False),
-            (32, 32, 4, 2, 256, True),
-        ],
-        "dq": [
-            (64, 32, 4, 3, 256, False),
-            (64, 64, 4, 3, 256, False),
-            (64, 64, 8, 3, 256, False),
-            (128, 32, 8, 3, 256, False),
-            (32, 32, 4, 2, 256, True),
-        ],
-    }[kind]
-    configs = []
-    for bm, bn, w, s, d_max, fp32 in table:
-        configs.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s))
-        configs[-1].d_max, configs[-1].fp32 = d_max, fp32  # read by _prune, not passed to the kernel
-    return configs
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in _TABLE[kind]]
 
 
-def _prune(configs, named_args, **kwargs):
+def _prune(kind: str, configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
     fp32 = args["Q"].dtype == torch.float32
     limit = max(64, triton.next_power_of_2(args["N_CTX"]))  # longer tiles only add masked work
-    kept = [c for c in configs if c.fp32 == fp32 and args["HEAD_DIM"] <= c.d_max and max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) <= limit]
-    return kept or [c for c in configs if c.fp32 == fp32][-1:]
+
+    def tags(c) -> tuple[int, bool]:
+        return _TABLE[kind][(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)]
+
+    fits = [c for c in configs if tags(c)[1] == fp32]
+    kept = [c for c in fits if args["HEAD_DIM"] <= tags(c)[0] and max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) <= limit]
+    return kept or fits[-1:]
 
 
 def _autotune(kind: str):
@@ -89,7 +99,7 @@ def _autotune(kind: str):
     return triton.autotune(
         configs=_configs(kind),
         key=["N_BUCKET", "HEAD_DIM", "IS_CAUSAL", "SOFTMAX"],
-        prune_configs_by={"early_config_prune": _prune},
+        prune_configs_by={"early_config_prune": functools.partial(_prune, kind)},
         **cache,
     )
 

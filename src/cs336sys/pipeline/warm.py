@@ -179,13 +179,45 @@ def _handle(conn: socket.socket) -> None:
         conn.sendall(json.dumps(reply).encode())
 
 
+# What a measuring child would otherwise import on first use, in every cell: torch imports
+# torch._dynamo (with sympy: about 900 modules) lazily at a first backward or optimizer step, the
+# busy share needs the profiler, the Triton studies triton. Measured on the H100 host, whose
+# torch has no bytecode cache, that was 3-9 s of every cell. None of them initialises CUDA.
+PRELOAD = ("torch._dynamo", "torch.profiler", "triton")
+
+
+def preload() -> list[str]:
+    """Import, once and before any fork, what every measuring child would import itself; the failures."""
+    import gc
+    import importlib
+
+    from cs336sys.studies import STUDIES
+
+    failed = []
+    for name in (*PRELOAD, *sorted({s.measure.partition(":")[0] for s in STUDIES.values()})):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # e.g. no triton on this platform: the cell that needs it says so
+            failed.append(f"{name}: {type(exc).__name__}: {exc}")
+    from cs336sys.measure.env import driver_version
+
+    driver_version()  # nvidia-smi once (no CUDA), not once per cell: the children inherit its cache
+    gc.collect()
+    gc.freeze()  # the children's collections skip all of it (gc.collect was 0.3 s a call over it)
+    return failed
+
+
 def serve(path: Path, idle_s: float) -> None:
     """Accept cell jobs on ``path`` and run each in a forked handler until idle for ``idle_s``."""
-    import torch  # noqa: F401  the import every cell used to pay; CUDA stays uninitialised
+    import torch  # the import every cell used to pay; CUDA stays uninitialised
 
     import cs336sys.pipeline.cells  # noqa: F401
     import cs336sys.pipeline.rows  # noqa: F401  (pandas)
 
+    for failure in preload():
+        print(f"not preloaded: {failure}", flush=True)
+    if torch.cuda.is_initialized():  # a forked child could not use the GPU: say so instead of failing every cell
+        raise RuntimeError("CUDA was initialised while preloading; the warm server cannot fork measuring children")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
     inode = os.stat(path).st_ino
