@@ -60,7 +60,9 @@ def _stepping_s(frames: Mapping[str, pd.DataFrame]) -> float | None:
             continue
         key = [c for c in ("cell_id", "pass_index", "mode") if c in df]
         once = df.dropna(subset=["timed_s"]).drop_duplicates(key)
-        total += float(pd.to_numeric(once["warmup_s"], errors="coerce").fillna(0).sum() + pd.to_numeric(once["timed_s"], errors="coerce").sum())
+        total += float(
+            pd.to_numeric(once["warmup_s"], errors="coerce").fillna(0).sum() + pd.to_numeric(once["timed_s"], errors="coerce").sum()
+        )
         seen = seen or not once.empty
     return total if seen else None
 
