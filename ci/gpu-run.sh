@@ -5,5 +5,10 @@
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+# The lent machines' image sets PYTHONDONTWRITEBYTECODE=1 and ships torch without .pyc files, so
+# every Python process there compiled torch, pandas and snakemake from source (seconds each).
+# A pip install writes them; a bytecode cache in /tmp does the same for this machine.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
 export CS336SYS_GIT_COMMIT=${CS336SYS_GIT_COMMIT:-$(cat .commit 2>/dev/null || echo unknown)}
 exec "$@"
