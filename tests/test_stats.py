@@ -297,3 +297,32 @@ def test_merge_flags_rows_noisy_host_bound_and_throttled():
     assert out["host_bound"].tolist()[:2] == [False, True] and pd.isna(out["host_bound"].iloc[2])  # unmeasured: empty
     assert out["throttled"].tolist() == [False, False, True]  # idle between launches is not throttling
     assert out["below_clocks"].tolist() == [False, True, False]
+
+
+def test_busy_intervals_from_raw_profiler_events_of_either_torch():
+    # torch 2.11's raw events have is_user_annotation() but no activity_type() (seen on the H100):
+    # both must give the window and the GPU work, never our ranges on the GPU timeline
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+
+    from cs336sys.measure.busy import WINDOW, _intervals
+
+    def event(name, device, start, end, annotation, new_torch):
+        e = NS(name=lambda: name, device_type=lambda: device, start_ns=lambda: start, end_ns=lambda: end)
+        if new_torch:
+            e.activity_type = lambda: ("gpu_user_annotation" if annotation else "kernel") if device == DeviceType.CUDA else "cpu_op"
+        else:
+            e.is_user_annotation = lambda: annotation
+        return e
+
+    for new_torch in (True, False):
+        events = [
+            event(WINDOW, DeviceType.CPU, 0, 100, True, new_torch),
+            event(WINDOW, DeviceType.CUDA, 5, 95, True, new_torch),  # the window's GPU-side copy
+            event("forward", DeviceType.CUDA, 10, 60, True, new_torch),  # a phase range
+            event("sgemm", DeviceType.CUDA, 10, 30, False, new_torch),
+            event("aten::mm", DeviceType.CPU, 8, 12, False, new_torch),
+        ]
+        prof = NS(profiler=NS(kineto_results=NS(events=lambda events=events: events)))
+        assert _intervals(prof) == ([(0, 100)], [(10, 30)])

@@ -63,13 +63,19 @@ def _intervals(prof) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """
     from torch.autograd import DeviceType
 
-    raw = getattr(getattr(prof.profiler, "kineto_results", None), "events", None)
-    if raw is None:  # an older torch: the tree it is
-        events = [(e.name, e.device_type, e.time_range.start, e.time_range.end, str(getattr(e, "activity_type", "") or "")
-                   + ("user_annotation" if getattr(e, "is_user_annotation", False) else "")) for e in prof.events()]  # fmt: skip
-    else:
-        events = [(e.name(), e.device_type(), e.start_ns(), e.end_ns(), str(e.activity_type())) for e in raw()]
+    try:
+        events = [(e.name(), e.device_type(), e.start_ns(), e.end_ns(), _annotation(e)) for e in prof.profiler.kineto_results.events()]
+    except AttributeError:  # a torch without them: the tree it is
+        events = [(e.name, e.device_type, e.time_range.start, e.time_range.end, bool(getattr(e, "is_user_annotation", False))
+                   or "user_annotation" in str(getattr(e, "activity_type", "") or "")) for e in prof.events()]  # fmt: skip
     windows = [(start, end) for name, device, start, end, _ in events if name == WINDOW and device == DeviceType.CPU]
-    kernels = [(start, end) for name, device, start, end, kind in events
-               if device == DeviceType.CUDA and "user_annotation" not in kind and name != WINDOW]  # fmt: skip
+    kernels = [(start, end) for name, device, start, end, annotation in events
+               if device == DeviceType.CUDA and not annotation and name != WINDOW]  # fmt: skip
     return windows, kernels
+
+
+def _annotation(event) -> bool:
+    """A range of ours (record_function) on either timeline, not GPU work: torch 2.11 has no activity_type."""
+    if hasattr(event, "activity_type"):
+        return "user_annotation" in str(event.activity_type())
+    return bool(event.is_user_annotation())

@@ -12,6 +12,7 @@ the report all come from the registry. Importing it does not import torch.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
 import pkgutil
@@ -147,14 +148,26 @@ def cell_settings(name: str, axes: Axes, config: Mapping[str, Any], artifact_dir
 
 def cell_modules(name: str, axes: Axes) -> list[str]:
     """The ``cs336sys`` modules a cell's measuring process runs: the runner's and the measurement's imports."""
-    from cs336sys.pipeline.provenance import RUNNER, module_closure
-
-    s = study(name)
-    unused = [module for module, used in s.optional_modules.items() if not used(axes)]
-    return module_closure([RUNNER, s.measure.partition(":")[0]], exclude=unused)
+    return list(_modules(name, _unused(name, axes)))
 
 
 def cell_code_hash(name: str, axes: Axes) -> str:
+    return _code_hash(name, _unused(name, axes))
+
+
+def _unused(name: str, axes: Axes) -> tuple[str, ...]:
+    return tuple(sorted(module for module, used in study(name).optional_modules.items() if not used(axes)))
+
+
+@functools.cache  # a study's cells share a few module sets: one parse of the workflow hashes each once
+def _modules(name: str, unused: tuple[str, ...]) -> tuple[str, ...]:
+    from cs336sys.pipeline.provenance import RUNNER, module_closure
+
+    return tuple(module_closure([RUNNER, study(name).measure.partition(":")[0]], exclude=unused))
+
+
+@functools.cache
+def _code_hash(name: str, unused: tuple[str, ...]) -> str:
     from cs336sys.pipeline.provenance import modules_hash
 
-    return modules_hash(cell_modules(name, axes))
+    return modules_hash(_modules(name, unused))
