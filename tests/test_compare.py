@@ -295,3 +295,17 @@ def test_workflow_compare_and_gate_measure_nothing(tmp_path):
     write_run(root / "results" / DEMO_RUN, cells(ENV_A, {"slow": 1.0}))
     dry = snakemake(root, "-n", f"report/compare/{DEMO_RUN}-vs-r2/report.md", *demo)
     assert dry.returncode == 0 and _rules_run(dry.output) == {"compare": 1}, dry.describe()
+
+
+def test_an_interval_reaching_zero_still_judges_from_below():
+    # a host-bound cell's interval can reach 0 (two passes, t with 1 degree of freedom): the ratio
+    # is then bounded below only, so b can still be found slower, never faster, and shows ∞
+    from cs336sys.analysis.compare import compare_study
+    from cs336sys.analysis.compare_plot import ratio_text
+
+    a = pd.DataFrame([row("wide", "inference", "forward", 10.0, 1.0, ENV_A), row("slow", "inference", "forward", 10.0, 1.0, ENV_A)])
+    b = pd.DataFrame([row("wide", "inference", "forward", 12.0, 0.5, ENV_B), row("slow", "inference", "forward", 30.0, 0.05, ENV_B)])
+    t = compare_study(a, b).set_index("cell_id")
+    assert t.loc[CELL.format("wide"), "verdict"] == "same"  # [6/20, ∞] holds 1
+    assert t.loc[CELL.format("slow"), "verdict"] == "slower"  # [28.5/20, ∞]: beyond the noise
+    assert ratio_text(t.loc[CELL.format("slow")]).endswith("∞]")

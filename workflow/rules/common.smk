@@ -37,14 +37,21 @@ def check_local_cuda():
         )
 
 
+def measures_cells() -> bool:
+    """Whether this invocation runs a cell job: a compare, a report or a merge alone needs no GPU."""
+    return any(job.rule.name in CELL_RULES for job in workflow.dag.needrun_jobs())
+
+
 onstart:
-    check_local_cuda()
+    if measures_cells():
+        check_local_cuda()
 
 
 RUN = config["run"]
 STUDIES = list(config["studies"])
 GRIDS = {study: S.grid(study, config) for study in STUDIES}
 MAX_PASSES = max(config[s].get("passes", 1) for s in STUDIES)
+CELL_RULES = {f"{study}_cell" if k == 0 else f"{study}_pass{k}" for study in STUDIES for k in range(MAX_PASSES)}
 SCRIPTS = Path(workflow.basedir) / "workflow/scripts"
 SCRIPT_HASH = {p.name: file_hash(p) for p in SCRIPTS.glob("*.py")}
 # merge, figures and report hash the modules they import (report modules of the studies run)

@@ -56,6 +56,8 @@ def ratio_figure(table: pd.DataFrame, title: str):
     ratio = rows["ratio"].astype(float)
     low = rows["ratio_low"].astype(float).clip(lower=0.0)
     high = rows["ratio_high"].astype(float)
+    edge = float(np.nanmax([ratio.max(), high[np.isfinite(high)].max() if np.isfinite(high).any() else 0.0])) * 1.1
+    high = high.where(np.isfinite(high) | high.isna(), edge)  # unbounded above: the bar runs to the edge
     for verdict, colour in COLOURS.items():
         sel = (rows["verdict"] == verdict).to_numpy()
         if not sel.any():
@@ -121,7 +123,8 @@ def ratio_text(row) -> str:
     """'1.12 [1.08, 1.16]': the ratio with its interval (just the ratio when the interval is unknown)."""
     if pd.isna(row["ratio_low"]) or pd.isna(row["ratio_high"]):
         return sig(row["ratio"], 3)
-    return f"{sig(row['ratio'], 3)} [{sig(row['ratio_low'], 3)}, {sig(row['ratio_high'], 3)}]"
+    high = "∞" if np.isinf(float(row["ratio_high"])) else sig(row["ratio_high"], 3)
+    return f"{sig(row['ratio'], 3)} [{sig(row['ratio_low'], 3)}, {high}]"
 
 
 def md(df: pd.DataFrame, fmt: Mapping[str, Callable[[Any], str]] | None = None) -> str:
