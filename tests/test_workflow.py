@@ -24,6 +24,7 @@ from workflow_helpers import (
     DEMO_RUN,
     FAULT_ENV,
     IMPORT_LOG_ENV,
+    REPO,
     add_import_hook,
     clone_run,
     copy_repo,
@@ -430,3 +431,15 @@ def test_nsys_reports_are_jobs_only_when_asked_for_and_nsys_exists(tmp_path):
 
     plain = dry_run(root, "config/cpu-demo.yaml", env=with_nsys)
     assert "profile_nsys" not in dict(plain.counts()), plain.describe()
+
+
+@pytest.mark.parametrize(
+    ("extra", "cell_threads"), [(("--cores", "4"), 4), (("--cores", "8", "--resources", "gpu=2"), 4), (("--cores", "1"), 1)]
+)
+def test_a_cell_holds_its_gpus_share_of_the_cores(extra, cell_threads):
+    # one GPU: a cell holds every core, so no merge or figure runs beside a measurement; the
+    # post-processing jobs (one core each) run side by side once no cell is left
+    run = dry_run(REPO, DEMO, extra=(*extra, "--config", "run=threads-check"))
+    threads = {j.rule: int(j.fields.get("threads", "1")) for j in run.jobs}
+    assert {t for r, t in threads.items() if r.endswith("_cell")} == {cell_threads}, run.describe()
+    assert {t for r, t in threads.items() if not r.endswith("_cell") and "_pass" not in r} == {1}, run.describe()

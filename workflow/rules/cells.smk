@@ -15,6 +15,7 @@ for _study in STUDIES:
             benchmark:
                 cell_benchmark(_study, _k)
             priority: MAX_PASSES - _k
+            threads: CELL_THREADS
             resources:
                 gpu=1,
                 runtime=cell_resource(_study, "runtime_min"),

@@ -51,7 +51,30 @@ RUN = config["run"]
 STUDIES = list(config["studies"])
 GRIDS = {study: S.grid(study, config) for study in STUDIES}
 MAX_PASSES = max(config[s].get("passes", 1) for s in STUDIES)
-CELL_RULES = {f"{study}_cell" if k == 0 else f"{study}_pass{k}" for study in STUDIES for k in range(MAX_PASSES)}
+CELL_RULES = {
+    f"{study}_cell" if k == 0 else f"{study}_pass{k}" for study in STUDIES for k in range(MAX_PASSES)
+}
+
+
+def cell_threads() -> int:
+    """Cores a cell job holds: on one machine, its share of them per GPU (--cores over --resources gpu).
+
+    With one GPU a cell holds every core Snakemake was given, so no merge or figure job runs
+    beside a measurement and disturbs it; they run side by side once no cell is left to run
+    (cells outrank them). With N GPUs, N cells at once. A cluster job holds one.
+    """
+    if not workflow.local_exec:
+        return 1
+    value = lambda name: getattr(
+        workflow.global_resources.get(name), "value", workflow.global_resources.get(name)
+    )
+    cores, gpus = value("_cores"), value("gpu")
+    if not isinstance(cores, int) or not isinstance(gpus, int) or gpus < 1:
+        return 1
+    return max(1, cores // gpus)
+
+
+CELL_THREADS = cell_threads()
 SCRIPTS = Path(workflow.basedir) / "workflow/scripts"
 SCRIPT_HASH = {p.name: file_hash(p) for p in SCRIPTS.glob("*.py")}
 # merge, figures and report hash the modules they import (report modules of the studies run)
