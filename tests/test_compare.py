@@ -275,6 +275,13 @@ def test_workflow_compare_and_gate_measure_nothing(tmp_path):
     out = root / "report" / "compare" / "r1-vs-r2"
     assert (out / "report.md").read_text().startswith("# `r1` vs `r2`")
     assert (out / "figures" / "e2e_ratio.png").is_file() and (out / "compare.csv").is_file()
+    page = (out / "report.html").read_text()
+    assert "r1" in page and "data:image/png;base64," in page  # one page, the ratio figure inside
+
+    # the default config is a GPU sweep, but a comparison measures nothing: no CUDA check, no GPU needed
+    (out / "report.md").unlink()
+    default = snakemake(root, "report/compare/r1-vs-r2/report.md")
+    assert default.returncode == 0 and (out / "report.md").is_file(), default.describe()
 
     passing = snakemake(root, "report/compare/r1-vs-r2/gate-1.15.txt", *demo)
     assert passing.returncode == 0, passing.describe()

@@ -1,5 +1,6 @@
 # Compare two finished runs cell by cell (cs336sys.analysis.compare): a report, and a gate for CI.
-#   snakemake report/compare/<a>-vs-<b>/report.md       baseline a, candidate b (results/<a>/, results/<b>/)
+#   snakemake report/compare/<a>-vs-<b>/report.md       baseline a, candidate b (results/<a>/, results/<b>/);
+#                                                        also report.html (one page, figures inside), compare.csv
 #   snakemake report/compare/<a>-vs-<b>/gate-1.05.txt   fails when a cell of b is slower beyond noise
 #                                                        by more than 5 %, or went from ok to oom/error/timeout
 # These rules read results/<run>/ only: they measure nothing and need none of this config's studies.
@@ -18,6 +19,13 @@ rule compare:
             category="Compare",
             subcategory="{a} vs {b}",
             labels={"comparison": "{a} vs {b}", "file": "report.md"},
+        ),
+        html=report(
+            f"{compare_dir()}/report.html",
+            caption="../report/compare.rst",
+            category="Compare",
+            subcategory="{a} vs {b}",
+            labels={"comparison": "{a} vs {b}", "file": "report.html"},
         ),
         csv=report(
             f"{compare_dir()}/compare.csv",
@@ -42,7 +50,7 @@ rule compare:
     params:
         runs=lambda wc: [f"results/{wc.a}", f"results/{wc.b}"],
         names=lambda wc: [wc.a, wc.b],
-        code=COMPARE_CODE,
+        code=COMPARE_CODE + HTML_CODE,
         script=SCRIPT_HASH["compare.py"],
     script:
         "../scripts/compare.py"
@@ -66,7 +74,7 @@ rule compare_gate:
         runs=lambda wc: [f"results/{wc.a}", f"results/{wc.b}"],
         names=lambda wc: [wc.a, wc.b],
         fail_above=lambda wc: float(wc.threshold),
-        code=COMPARE_CODE,
+        code=COMPARE_CODE + HTML_CODE,
         script=SCRIPT_HASH["compare.py"],
     script:
         "../scripts/compare.py"
