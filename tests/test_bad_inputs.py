@@ -390,3 +390,11 @@ def test_snakemake_yaml_syntax_error_is_reported_without_the_file(repo_copy):
     result = snakemake(repo_copy, "-n", "--configfile", DEMO, "config/broken.yaml", timeout=300)
     _assert_stopped_before_anything(repo_copy, result)
     assert "not valid JSON or YAML" in result.output, result.describe()
+
+
+def test_a_gpu_sweep_without_a_gpu_stops_before_its_first_cell(repo_copy):
+    # the check runs when cell jobs are about to run (a compare or a report alone needs no GPU)
+    result = snakemake(repo_copy, "--config", "run=no-gpu-here", env={"CUDA_VISIBLE_DEVICES": ""}, timeout=300)  # none, here too
+    assert result.returncode != 0 and "No CUDA device on this machine" in result.output, result.describe()
+    assert "config/cpu-demo.yaml" in result.output
+    assert not (repo_copy / "results" / "no-gpu-here").exists()
