@@ -180,3 +180,12 @@ def test_pin_environment_and_columns(tmp_path):
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-0b5c1e7a-1234"
     assert env["CS336SYS_GPU_INDEX"] == "3"
     assert gpulock.lease_columns(fake) == {"gpu_index": 1, "gpu_uuid": "fake-1", "gpu_wait_s": 0.25}
+
+
+def test_a_cell_holds_its_gpus_share_of_the_cores():
+    from cs336sys.pipeline.jobs import cell_threads
+
+    assert cell_threads(4, 1) == 4  # one GPU: every core, nothing beside a measurement
+    assert cell_threads(8, 2) == 4 and cell_threads(2, 4) == 1  # N GPUs: N cells at once
+    assert cell_threads(4, None) == 1 and cell_threads(None, 1) == 1  # no limit given: one
+    assert cell_threads(16, 1, local=False) == 1  # a cluster job holds one

@@ -13,6 +13,7 @@ from cs336sys import studies as S
 from cs336sys.cli import command_line
 from cs336sys.pipeline.faults import FAULT_ENV, check_fault_spec
 from cs336sys.pipeline.gpulock import visible_gpus
+from cs336sys.pipeline.jobs import cell_threads
 from cs336sys.pipeline.config import ConfigError, load_yaml, settings_snapshot, validate_config
 from cs336sys.pipeline.provenance import file_hash, modules_hash, module_closure
 
@@ -56,25 +57,11 @@ CELL_RULES = {
 }
 
 
-def cell_threads() -> int:
-    """Cores a cell job holds: on one machine, its share of them per GPU (--cores over --resources gpu).
-
-    With one GPU a cell holds every core Snakemake was given, so no merge or figure job runs
-    beside a measurement and disturbs it; they run side by side once no cell is left to run
-    (cells outrank them). With N GPUs, N cells at once. A cluster job holds one.
-    """
-    if not workflow.local_exec:
-        return 1
-    value = lambda name: getattr(
-        workflow.global_resources.get(name), "value", workflow.global_resources.get(name)
-    )
-    cores, gpus = value("_cores"), value("gpu")
-    if not isinstance(cores, int) or not isinstance(gpus, int) or gpus < 1:
-        return 1
-    return max(1, cores // gpus)
-
-
-CELL_THREADS = cell_threads()
+_limit = {
+    name: getattr(workflow.global_resources.get(name), "value", workflow.global_resources.get(name))
+    for name in ("_cores", "gpu")
+}
+CELL_THREADS = cell_threads(_limit["_cores"], _limit["gpu"], workflow.local_exec)  # pipeline.jobs
 SCRIPTS = Path(workflow.basedir) / "workflow/scripts"
 SCRIPT_HASH = {p.name: file_hash(p) for p in SCRIPTS.glob("*.py")}
 # merge, figures and report hash the modules they import (report modules of the studies run)

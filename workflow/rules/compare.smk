@@ -50,7 +50,7 @@ rule compare:
     params:
         runs=lambda wc: [f"results/{wc.a}", f"results/{wc.b}"],
         names=lambda wc: [wc.a, wc.b],
-        code=COMPARE_CODE + HTML_CODE,
+        code=COMPARE_CODE,
         script=SCRIPT_HASH["compare.py"],
     script:
         "../scripts/compare.py"
@@ -74,7 +74,7 @@ rule compare_gate:
         runs=lambda wc: [f"results/{wc.a}", f"results/{wc.b}"],
         names=lambda wc: [wc.a, wc.b],
         fail_above=lambda wc: float(wc.threshold),
-        code=COMPARE_CODE + HTML_CODE,
+        code=COMPARE_CODE,
         script=SCRIPT_HASH["compare.py"],
     script:
         "../scripts/compare.py"

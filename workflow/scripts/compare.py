@@ -7,7 +7,6 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1] / "src")) 
 
 from cs336sys.pipeline.jobs import log_to
 from cs336sys.analysis.compare import gate, write_comparison
-from cs336sys.analysis.html import write_report_page
 
 failure = None
 with log_to(snakemake.log[0]):
@@ -16,8 +15,6 @@ with log_to(snakemake.log[0]):
         failure = gate(runs, names, snakemake.params.fail_above, Path(snakemake.output[0]))
         print(failure or Path(snakemake.output[0]).read_text())
     else:
-        report = write_comparison(runs, names, Path(snakemake.output.md).parent).report_path
-        write_report_page(Path(snakemake.output.html), [report], "", title=f"cs336sys comparison — {names[0]} vs {names[1]}")
-        print(f"wrote {report} and {snakemake.output.html}")
+        print(f"wrote {write_comparison(runs, names, Path(snakemake.output.md).parent).report_path} and report.html")
 if failure:
     sys.exit(failure)  # exit 1, the regressions on stderr: the job fails and Snakemake says why

@@ -32,6 +32,7 @@ import yaml
 
 from cs336sys.analysis import compare_plot
 from cs336sys.analysis.compare_plot import cell_text, cells_md, md
+from cs336sys.analysis.html import report_page
 from cs336sys.analysis.tables import load_study
 from cs336sys.fileio import atomic_path, write_text_atomic
 
@@ -276,7 +277,8 @@ def _two(run_dirs: Sequence[Path], names: Sequence[str]) -> tuple[Path, Path]:
 
 def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Path, fail_above: float | None = None) -> ComparisonResult:
     """Compare run b = ``run_dirs[1]`` against baseline a = ``run_dirs[0]``; write report.md,
-    compare.csv and figures/<study>_ratio.png under ``out_dir``. Exactly two runs are allowed."""
+    report.html (the same, one page, figures inside), compare.csv and figures/<study>_ratio.png under
+    ``out_dir``. Exactly two runs are allowed."""
     a_dir, b_dir = _two(run_dirs, names)
     out_dir = Path(out_dir)
     a_name, b_name = names
@@ -303,7 +305,8 @@ def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Pa
         f"Baseline **a** = `{a_name}` (`{a_dir}`); candidate **b** = `{b_name}` (`{b_dir}`). "
         "Ratio = median time b / a: above 1, b is slower. A cell is slower or faster only when the runs' "
         "95 % intervals do not overlap (ratio interval = [b.low / a.high, b.high / a.low]); otherwise "
-        "`same`, or `n/a` when an interval is unknown or a status is not ok.",
+        "`same`, or `n/a` when an interval is unknown or a status is not ok. An interval of a that reaches 0 "
+        "leaves the ratio unbounded above: [x, ∞].",
         "",
         "## Gate",
         "",
@@ -328,6 +331,7 @@ def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Pa
         lines += [f"- `{r.key}`: {cell_text(r.a)} → {cell_text(r.b)}" for r in diff.itertuples()] or ["No differences."]
         lines += [""]
     report = write_text_atomic(out_dir / "report.md", "\n".join(lines + sections).rstrip() + "\n")
+    write_text_atomic(out_dir / "report.html", report_page([report], f"cs336sys comparison — {a_name} vs {b_name}"))
     with atomic_path(out_dir / "compare.csv") as tmp:
         table.to_csv(tmp, index=False)
     return ComparisonResult(table=table, regressions=regs, passed=passed, report_path=report)

@@ -56,8 +56,8 @@ def ratio_figure(table: pd.DataFrame, title: str):
     ratio = rows["ratio"].astype(float)
     low = rows["ratio_low"].astype(float).clip(lower=0.0)
     high = rows["ratio_high"].astype(float)
-    edge = float(np.nanmax([ratio.max(), high[np.isfinite(high)].max() if np.isfinite(high).any() else 0.0])) * 1.1
-    high = high.where(np.isfinite(high) | high.isna(), edge)  # unbounded above: the bar runs to the edge
+    edge = 1.1 * max(ratio.max(), np.max(high[np.isfinite(high)].to_numpy(), initial=0.0))
+    high = high.replace(np.inf, edge)  # unbounded above: the bar runs to the plot's edge
     for verdict, colour in COLOURS.items():
         sel = (rows["verdict"] == verdict).to_numpy()
         if not sel.any():

@@ -263,8 +263,8 @@ def report_page(docs: Sequence[Path], title: str) -> str:
     return page(title, body.replace("</h1>", f"</h1>\n{nav}", 1) if "</h1>" in body else f"{nav}\n{body}")
 
 
-def write_report_page(out: Path, docs: Sequence[Path], run: str, title: str | None = None) -> Path:
-    return write_text_atomic(out, report_page(docs, title or f"cs336sys report — run {run}"))
+def write_report_page(out: Path, docs: Sequence[Path], run: str) -> Path:
+    return write_text_atomic(out, report_page(docs, f"cs336sys report — run {run}"))
 
 
 # --- CSV tables ------------------------------------------------------------------------------------

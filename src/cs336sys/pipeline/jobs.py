@@ -36,3 +36,15 @@ def log_to(path: str | os.PathLike) -> Iterator[None]:
             os.dup2(saved[1], 2)
             os.close(saved[0])
             os.close(saved[1])
+
+
+def cell_threads(cores: object, gpus: object, local: bool = True) -> int:
+    """Cores a cell job holds: on one machine, its GPU's share of them (``cores // gpus``).
+
+    With one GPU a cell holds every core Snakemake was given, so no merge or figure job runs
+    beside a measurement and disturbs it; those run side by side once no cell is left (cells
+    outrank them). With N GPUs, N cells at once. A cluster job, or limits not set, holds one.
+    """
+    if not local or not isinstance(cores, int) or not isinstance(gpus, int) or gpus < 1:
+        return 1
+    return max(1, cores // gpus)
