@@ -206,10 +206,44 @@ def test_prune_keeps_the_configs_meant_for_the_dtype_and_head():
     configs = ta._configs("fwd", interpret=False)
 
     def kept(dtype, head_dim, n_ctx):
-        args = {"Q": torch.empty(1, dtype=dtype), "HEAD_DIM": head_dim, "N_CTX": n_ctx}
+        x = torch.empty(1, 1, head_dim, dtype=dtype)
+        args = {"Q": x, "K": x, "V": x, "HEAD_DIM": head_dim, "N_CTX": n_ctx}
         return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in ta._prune("fwd", configs, args)}
 
     assert kept(torch.float32, 64, 4096) == {(32, 32, 4, 2)}
-    assert (128, 64, 4, 3) in kept(torch.bfloat16, 64, 4096)
-    assert (128, 64, 4, 3) not in kept(torch.bfloat16, 128, 4096)  # tagged for heads up to 64
+    assert (128, 64, 8, 3) in kept(torch.bfloat16, 64, 4096)
+    assert (128, 64, 8, 3) not in kept(torch.bfloat16, 128, 4096)  # tagged for heads up to 64
     assert all(max(bm, bn) <= 64 for bm, bn, _, _ in kept(torch.bfloat16, 64, 40))  # short sequence: short tiles
+
+
+def test_prune_drops_tma_configs_where_rows_are_not_16_byte_aligned():
+    configs = ta._configs("fwd", interpret=False)
+    x = torch.empty(1, 1, 100, dtype=torch.bfloat16)  # 200-byte rows
+    args = {"Q": x, "K": x, "V": x, "HEAD_DIM": 100, "N_CTX": 4096}
+    kept = ta._prune("fwd", configs, args)
+    assert kept and not any(c.kwargs["TMA"] for c in kept)
+
+
+_TMA_TILES = {"_attn_fwd": (32, 16), "_attn_bwd_dkdv": (16, 32), "_attn_bwd_dq": (32, 16)}
+
+
+@runs_here
+@pytest.mark.skipif(ON_GPU and torch.cuda.get_device_capability() < (9, 0), reason="TMA descriptors need Hopper or newer")
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("activation", ["softmax", "relu"])
+def test_tma_loads_match_float64_reference(monkeypatch, activation, is_causal):
+    # the descriptor path (TMA = 1, what Hopper autotunes to for bf16) on a ragged sequence: rows
+    # past the end must come back as zeros from the descriptor's bounds, not from a mask
+    import triton
+
+    for name, (bm, bn) in _TMA_TILES.items():
+        kernel = getattr(ta, name)
+        monkeypatch.setattr(kernel, "configs", [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "TMA": 1}, num_warps=4, num_stages=1)])
+        monkeypatch.setattr(kernel, "cache", {})
+    q, k, v, do = _inputs((2, 2, 37, 16))
+    got = _forward_backward(KERNELS[activation], q, k, v, do, is_causal)
+    for name in _TMA_TILES:
+        assert getattr(ta, name).best_config.kwargs["TMA"] == 1, name
+    ref = _forward_backward(lambda *a: _reference(*a, activation)[0], *(x.double() for x in (q, k, v, do)), is_causal)
+    for what, g, r in zip(["out", "dq", "dk", "dv"], got, ref):
+        _assert_close(g, r, FP32_TOL, f"{activation} {what}")

@@ -15,7 +15,9 @@ aligned top-left. Tensors are made contiguous, so HEAD_DIM is the row stride of 
 The d block is padded to a power of two (≥ 16, tl.dot's minimum) and sequence tails are masked.
 fp32 inputs use TF32x3 dots (about fp32 accuracy on tensor cores) unless
 torch.backends.cuda.matmul.allow_tf32 is set, the switch torch.matmul obeys, which gives TF32.
-Under TRITON_INTERPRET=1 (the CPU tests) each kernel has one small config.
+On Hopper and newer GPUs, configs with TMA = 1 stream the K/V (or Q/dO) tiles through tensor
+descriptors built per program (Hopper's TMA unit); the descriptor's bounds zero-fill the sequence
+tail. Under TRITON_INTERPRET=1 (the CPU tests) each kernel has one small config.
 
 The kernel layout and the exp2 trick follow Triton's tutorial 06-fused-attention.py.
 """
@@ -35,38 +37,40 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "y
 # ----------------------------------------------------------------------------- tuning
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) → (the widest head it is tried for, whether it is for
-# fp32), per kernel. Hopper-leaning. Wider heads spill registers; fp32 tiles take twice the shared
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA) → (the head sizes it is tried for, whether it is
+# for fp32), per kernel. TMA = 1 loads the streamed tiles through tensor descriptors (Hopper's TMA
+# unit). bf16 entries are the fastest of a sweep of BLOCK_M × BLOCK_N × warps × stages × TMA on an
+# H100 (docs/design-notes.md, "Kernel configurations"): at d 64 for the leaderboard shape, at d 128
+# for one head and for 65536 tokens. Wider heads spill registers; fp32 tiles take twice the shared
 # memory, and TF32x3 three times the registers, of bf16 ones.
-_TABLE: dict[str, dict[tuple[int, int, int, int], tuple[int, bool]]] = {
+_TABLE: dict[str, dict[tuple[int, int, int, int, int], tuple[tuple[int, int], bool]]] = {
     "fwd": {
-        (128, 64, 4, 3): (64, False),
-        (128, 64, 8, 4): (64, False),
-        (128, 64, 8, 3): (256, False),
-        (128, 128, 8, 3): (256, False),
-        (64, 64, 4, 3): (256, False),
-        (32, 32, 4, 2): (256, True),
+        (128, 64, 8, 3, 0): ((1, 64), False),
+        (64, 64, 4, 3, 0): ((1, 256), False),
+        (64, 64, 4, 4, 1): ((65, 128), False),
+        (128, 128, 8, 3, 1): ((65, 128), False),
+        (128, 64, 4, 2, 1): ((65, 128), False),
+        (32, 32, 4, 2, 0): ((1, 256), True),
     },
     "dkdv": {
-        (32, 64, 4, 3): (64, False),
-        (32, 128, 4, 4): (64, False),
-        (64, 64, 4, 3): (256, False),
-        (64, 64, 8, 3): (256, False),
-        (64, 128, 8, 2): (256, False),
-        (32, 32, 4, 2): (256, True),
+        (128, 128, 8, 3, 0): ((1, 64), False),
+        (64, 64, 4, 3, 0): ((1, 256), False),
+        (64, 64, 8, 3, 0): ((65, 256), False),
+        (64, 128, 8, 2, 0): ((65, 256), False),
+        (32, 32, 4, 2, 0): ((1, 256), True),
     },
     "dq": {
-        (64, 32, 4, 3): (256, False),
-        (64, 64, 4, 3): (256, False),
-        (64, 64, 8, 3): (256, False),
-        (128, 32, 8, 3): (256, False),
-        (32, 32, 4, 2): (256, True),
+        (128, 64, 4, 3, 1): ((1, 64), False),
+        (64, 64, 4, 3, 0): ((1, 256), False),
+        (64, 32, 4, 3, 0): ((65, 256), False),
+        (64, 64, 8, 3, 0): ((65, 256), False),
+        (32, 32, 4, 2, 0): ((1, 256), True),
     },
 }
 
 
 def _configs(kind: str, interpret: bool = _INTERPRET) -> list[triton.Config]:
-    """Candidates: BLOCK_M tiles queries, BLOCK_N keys (:data:`_TABLE`).
+    """Candidates: BLOCK_M tiles queries, BLOCK_N keys, TMA picks descriptor loads (:data:`_TABLE`).
 
     A config carries nothing but Triton's own fields: the autotuner's disk cache
     (``cache_results``) rebuilds each config with ``triton.Config(**config.__dict__)``,
@@ -74,21 +78,36 @@ def _configs(kind: str, interpret: bool = _INTERPRET) -> list[triton.Config]:
     """
     if interpret:  # one config: the interpreter runs each program serially on the CPU
         bm, bn = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16)}[kind]
-        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in _TABLE[kind]]
+        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "TMA": 0}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "TMA": tma}, num_warps=w, num_stages=s) for bm, bn, w, s, tma in _TABLE[kind]]
+
+
+def tma_loads_possible(*tensors: torch.Tensor) -> bool:
+    """Whether tiles of these (…, N, d) tensors can stream through TMA descriptors: a Hopper or newer
+    GPU (or the interpreter), rows and base addresses 16-byte aligned."""
+    t = tensors[0]
+    if not _INTERPRET and not (t.is_cuda and torch.cuda.get_device_capability(t.device) >= (9, 0)):
+        return False
+    return all((x.shape[-1] * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0 for x in tensors)
 
 
 def _prune(kind: str, configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
     fp32 = args["Q"].dtype == torch.float32
+    d = args["HEAD_DIM"]
     limit = max(64, triton.next_power_of_2(args["N_CTX"]))  # longer tiles only add masked work
+    tma = tma_loads_possible(args["Q"], args["K"], args["V"], *([args["DO"]] if "DO" in args else []))
 
-    def tags(c) -> tuple[int, bool]:
-        return _TABLE[kind][(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)]
+    def tags(c) -> tuple[tuple[int, int], bool]:
+        key = (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages, c.kwargs["TMA"])
+        return _TABLE[kind].get(key, ((1, 256), fp32))  # a config not in the table (a test's) fits all
 
-    fits = [c for c in configs if tags(c)[1] == fp32]
-    kept = [c for c in fits if args["HEAD_DIM"] <= tags(c)[0] and max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) <= limit]
-    return kept or fits[-1:]
+    fits = [c for c in configs if tags(c)[1] == fp32 and (tma or not c.kwargs["TMA"])]
+    kept = [c for c in fits if tags(c)[0][0] <= d <= tags(c)[0][1] and max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) <= limit]
+    if kept:
+        return kept
+    plain = [c for c in fits if not c.kwargs["TMA"]] or fits  # nothing tagged for this head: the smallest tile
+    return [min(plain, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
 
 
 def _autotune(kind: str):
@@ -98,7 +117,9 @@ def _autotune(kind: str):
     cache = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
     return triton.autotune(
         configs=_configs(kind),
-        key=["N_BUCKET", "HEAD_DIM", "IS_CAUSAL", "SOFTMAX"],
+        # BH_BUCKET: one head and sixteen heads of one length fill the GPU differently and tune
+        # to different tiles; the autotuner adds each tensor's dtype to the key by itself
+        key=["N_BUCKET", "BH_BUCKET", "HEAD_DIM", "IS_CAUSAL", "SOFTMAX"],
         prune_configs_by={"early_config_prune": functools.partial(_prune, kind)},
         **cache,
     )
@@ -117,6 +138,25 @@ def _load_tile(PTR, rows, offs_d, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_D: tl.con
         x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     else:
         x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _rows_source(PTR, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr):
+    """What :func:`_load_rows` reads from: the pointer, or a TMA descriptor of the (N_CTX, HEAD_DIM) matrix."""
+    if TMA:
+        return tl.make_tensor_descriptor(PTR, shape=[N_CTX, HEAD_DIM], strides=[HEAD_DIM, 1], block_shape=[BLOCK_ROWS, BLOCK_D])
+    else:
+        return PTR
+
+
+@triton.jit
+def _load_rows(SRC, start, rows, offs_d, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASK_ROWS: tl.constexpr, TMA: tl.constexpr):
+    """Rows [start, start + len(rows)) as a (len(rows), BLOCK_D) tile; past N_CTX or HEAD_DIM it reads 0."""
+    if TMA:  # the descriptor's bounds zero-fill, so there is no mask to compute
+        x = SRC.load([start, 0])
+    else:
+        x = _load_tile(SRC, rows, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASK_ROWS)
     return x
 
 
@@ -150,14 +190,15 @@ def _attn_fwd_inner(
     SOFTMAX: tl.constexpr,
     MASKED: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Accumulate key tiles [lo, hi); MASKED tiles may cross the diagonal or the sequence end."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
-        k = _load_tile(K, cols, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED)
-        v = _load_tile(V, cols, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED)
+        k = _load_rows(K, start_n, cols, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED, TMA)
+        v = _load_rows(V, start_n, cols, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED, TMA)
         # -- S = Q Kᵀ, unscaled, fp32 --
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         if MASKED:
@@ -199,6 +240,7 @@ def _attn_fwd(
     qk_scale,
     N_CTX,
     N_BUCKET,
+    BH_BUCKET,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
@@ -206,6 +248,7 @@ def _attn_fwd(
     INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     tl.static_assert(BLOCK_M % BLOCK_N == 0)  # the diagonal stage starts on a key-tile boundary
     start_m = tl.program_id(0)
@@ -217,6 +260,8 @@ def _attn_fwd(
     K += offset
     V += offset
     O += offset
+    K = _rows_source(K, N_CTX, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    V = _rows_source(V, N_CTX, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = _load_tile(Q, offs_m, offs_d, N_CTX, HEAD_DIM, BLOCK_D, True)  # stays on chip throughout
@@ -247,6 +292,7 @@ def _attn_fwd(
             SOFTMAX,
             False,
             INPUT_PRECISION,
+            TMA,
         )
         acc, l_i, m_i = _attn_fwd_inner(
             acc,
@@ -268,6 +314,7 @@ def _attn_fwd(
             SOFTMAX,
             True,
             INPUT_PRECISION,
+            TMA,
         )
     else:
         # full key tiles unmasked, then the ragged last tile (if any) masked
@@ -292,6 +339,7 @@ def _attn_fwd(
             SOFTMAX,
             False,
             INPUT_PRECISION,
+            TMA,
         )
         acc, l_i, m_i = _attn_fwd_inner(
             acc,
@@ -313,6 +361,7 @@ def _attn_fwd(
             SOFTMAX,
             True,
             INPUT_PRECISION,
+            TMA,
         )
     # -- epilogue --
     if SOFTMAX:
@@ -362,13 +411,14 @@ def _attn_bwd_dkdv_inner(
     SOFTMAX: tl.constexpr,
     MASKED: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Accumulate dK, dV of one key tile over query tiles [lo, hi), working on transposes."""
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         rows = start_m + tl.arange(0, BLOCK_M)
-        q = _load_tile(Q, rows, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED)
-        do = _load_tile(DO, rows, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED)
+        q = _load_rows(Q, start_m, rows, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED, TMA)
+        do = _load_rows(DO, start_m, rows, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED, TMA)
         # -- recompute Sᵀ (keys × queries) and dPᵀ = V dOᵀ --
         sT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
@@ -415,6 +465,7 @@ def _attn_bwd_dkdv(
     sm_scale,
     N_CTX,
     N_BUCKET,
+    BH_BUCKET,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
@@ -422,6 +473,7 @@ def _attn_bwd_dkdv(
     INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     tl.static_assert(BLOCK_N % BLOCK_M == 0)  # query tiles start on the key tile's diagonal
     start_n = tl.program_id(0) * BLOCK_N  # first key tiles see the most queries: launched first
@@ -433,6 +485,8 @@ def _attn_bwd_dkdv(
     DO += offset
     DK += offset
     DV += offset
+    Q = _rows_source(Q, N_CTX, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+    DO = _rows_source(DO, N_CTX, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
     LSE += off_bh.to(tl.int64) * N_CTX
     DELTA += off_bh.to(tl.int64) * N_CTX
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -469,6 +523,7 @@ def _attn_bwd_dkdv(
             SOFTMAX,
             True,
             INPUT_PRECISION,
+            TMA,
         )
         dk, dv = _attn_bwd_dkdv_inner(
             dk,
@@ -492,6 +547,7 @@ def _attn_bwd_dkdv(
             SOFTMAX,
             False,
             INPUT_PRECISION,
+            TMA,
         )
         dk, dv = _attn_bwd_dkdv_inner(
             dk,
@@ -515,6 +571,7 @@ def _attn_bwd_dkdv(
             SOFTMAX,
             True,
             INPUT_PRECISION,
+            TMA,
         )
     else:
         dk, dv = _attn_bwd_dkdv_inner(
@@ -539,6 +596,7 @@ def _attn_bwd_dkdv(
             SOFTMAX,
             False,
             INPUT_PRECISION,
+            TMA,
         )
         dk, dv = _attn_bwd_dkdv_inner(
             dk,
@@ -562,6 +620,7 @@ def _attn_bwd_dkdv(
             SOFTMAX,
             True,
             INPUT_PRECISION,
+            TMA,
         )
     if SOFTMAX:
         dk = dk * sm_scale  # S was scaled by 1/√d in the forward
@@ -594,14 +653,15 @@ def _attn_bwd_dq_inner(
     SOFTMAX: tl.constexpr,
     MASKED: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Accumulate dQ of one query tile over key tiles [lo, hi)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
-        k = _load_tile(K, cols, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED)
-        v = _load_tile(V, cols, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED)
+        k = _load_rows(K, start_n, cols, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED, TMA)
+        v = _load_rows(V, start_n, cols, offs_d, N_CTX, HEAD_DIM, BLOCK_D, MASKED, TMA)
         # -- recompute S and dP = dO Vᵀ --
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION)
         dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
@@ -637,6 +697,7 @@ def _attn_bwd_dq(
     sm_scale,
     N_CTX,
     N_BUCKET,
+    BH_BUCKET,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
@@ -644,6 +705,7 @@ def _attn_bwd_dq(
     INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     tl.static_assert(BLOCK_M % BLOCK_N == 0)  # the diagonal stage starts on a key-tile boundary
     start_m = tl.program_id(0)
@@ -656,6 +718,8 @@ def _attn_bwd_dq(
     V += offset
     DO += offset
     DQ += offset
+    K = _rows_source(K, N_CTX, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    V = _rows_source(V, N_CTX, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = _load_tile(Q, offs_m, offs_d, N_CTX, HEAD_DIM, BLOCK_D, True)
@@ -692,6 +756,7 @@ def _attn_bwd_dq(
             SOFTMAX,
             False,
             INPUT_PRECISION,
+            TMA,
         )
         dq = _attn_bwd_dq_inner(
             dq,
@@ -714,6 +779,7 @@ def _attn_bwd_dq(
             SOFTMAX,
             True,
             INPUT_PRECISION,
+            TMA,
         )
     else:
         n_full = N_CTX - N_CTX % BLOCK_N
@@ -738,6 +804,7 @@ def _attn_bwd_dq(
             SOFTMAX,
             False,
             INPUT_PRECISION,
+            TMA,
         )
         dq = _attn_bwd_dq_inner(
             dq,
@@ -760,6 +827,7 @@ def _attn_bwd_dq(
             SOFTMAX,
             True,
             INPUT_PRECISION,
+            TMA,
         )
     if SOFTMAX:
         dq = dq * sm_scale
@@ -790,6 +858,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 
 def _kernel_args(q: torch.Tensor) -> dict:
+    """q: (B, H, N, d). The autotuner's key buckets N and B·H to powers of two."""
     n, d = q.shape[-2], q.shape[-1]
     # fp32 dots follow torch.matmul's switch: plain TF32 only where the user allowed it, else
     # TF32x3 (three TF32 products, ~fp32 accuracy, still on tensor cores); ignored for bf16/fp16
@@ -797,10 +866,20 @@ def _kernel_args(q: torch.Tensor) -> dict:
     return dict(
         N_CTX=n,
         N_BUCKET=triton.next_power_of_2(n),
+        BH_BUCKET=triton.next_power_of_2(q.shape[0] * q.shape[1]),
         HEAD_DIM=d,
         BLOCK_D=max(16, triton.next_power_of_2(d)),
         INPUT_PRECISION="tf32" if tf32 else "tf32x3",
     )
+
+
+def _tma_scratch(device: torch.device) -> None:
+    """Global memory for the descriptors TMA configs build on the device (128 bytes a program).
+
+    Triton keeps the allocator in a context variable, and autograd runs backward on its own
+    thread: set before every launch, not once.
+    """
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device))
 
 
 def _forward(q, k, v, is_causal: bool, softmax: bool):
@@ -814,6 +893,7 @@ def _forward(q, k, v, is_causal: bool, softmax: bool):
     def grid(meta):  # (batch, head) slowest: programs in flight share one head's K, V in L2
         return (triton.cdiv(n, meta["BLOCK_M"]), batch * heads)
 
+    _tma_scratch(q.device)
     _attn_fwd[grid](q, k, v, o, lse, qk_scale, **_kernel_args(q), IS_CAUSAL=is_causal, SOFTMAX=softmax)
     return o, lse
 
@@ -838,6 +918,7 @@ def _backward(do, q, k, v, o, lse, is_causal: bool, softmax: bool):
     def grid_m(meta):
         return (triton.cdiv(n, meta["BLOCK_M"]), batch * heads)
 
+    _tma_scratch(q.device)
     _attn_bwd_dkdv[grid_n](q, k, v, do, lse, delta, dk, dv, sm_scale, **args, IS_CAUSAL=is_causal, SOFTMAX=softmax)
     _attn_bwd_dq[grid_m](q, k, v, do, lse, delta, dq, sm_scale, **args, IS_CAUSAL=is_causal, SOFTMAX=softmax)
     return dq, dk, dv
