@@ -213,6 +213,7 @@ def test_prune_keeps_the_configs_meant_for_the_dtype_and_head():
     assert kept(torch.float32, 64, 4096) == {(32, 32, 4, 2)}
     assert (128, 64, 8, 3) in kept(torch.bfloat16, 64, 4096)
     assert (128, 64, 8, 3) not in kept(torch.bfloat16, 128, 4096)  # tagged for heads up to 64
+    assert (64, 64, 4, 4) in kept(torch.bfloat16, 128, 4096)
     assert all(max(bm, bn) <= 64 for bm, bn, _, _ in kept(torch.bfloat16, 64, 40))  # short sequence: short tiles
 
 
@@ -222,6 +223,11 @@ def test_prune_drops_tma_configs_where_rows_are_not_16_byte_aligned():
     args = {"Q": x, "K": x, "V": x, "HEAD_DIM": 100, "N_CTX": 4096}
     kept = ta._prune("fwd", configs, args)
     assert kept and not any(c.kwargs["TMA"] for c in kept)
+    # the same tiles as for aligned rows, with pointer loads
+    y = torch.empty(1, 1, 96, dtype=torch.bfloat16)
+    aligned = ta._prune("fwd", configs, {**args, "Q": y, "K": y, "V": y, "HEAD_DIM": 96})
+    tiles = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in aligned}
+    assert {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in kept} == tiles
 
 
 _TMA_TILES = {"_attn_fwd": (32, 16), "_attn_bwd_dkdv": (16, 32), "_attn_bwd_dq": (32, 16)}

@@ -38,32 +38,30 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "y
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA) → (the head sizes it is tried for, whether it is
-# for fp32), per kernel. TMA = 1 loads the streamed tiles through tensor descriptors (Hopper's TMA
-# unit). bf16 entries are the fastest of a sweep of BLOCK_M × BLOCK_N × warps × stages × TMA on an
-# H100 (docs/design-notes.md, "Kernel configurations"): at d 64 for the leaderboard shape, at d 128
-# for one head and for 65536 tokens. Wider heads spill registers; fp32 tiles take twice the shared
-# memory, and TF32x3 three times the registers, of bf16 ones.
+# for fp32), per kernel. TMA = 1 streams tiles through tensor descriptors (Hopper's TMA unit) where
+# the GPU and the tensors allow it, and runs as its TMA = 0 twin elsewhere. bf16 entries are the
+# fastest of sweeps of BLOCK_M × BLOCK_N × warps × stages × TMA on an H100 (docs/design-notes.md,
+# "Kernel configurations"): at d 64 for the leaderboard shape, at d 128 for one head of 16384
+# and of 65536 tokens. Wider heads spill registers; fp32 tiles take twice the shared memory, and
+# TF32x3 three times the registers, of bf16 ones.
 _TABLE: dict[str, dict[tuple[int, int, int, int, int], tuple[tuple[int, int], bool]]] = {
     "fwd": {
-        (128, 64, 8, 3, 0): ((1, 64), False),
-        (64, 64, 4, 3, 0): ((1, 256), False),
+        (128, 64, 8, 3, 1): ((1, 64), False),
+        (64, 64, 4, 3, 1): ((1, 256), False),
         (64, 64, 4, 4, 1): ((65, 128), False),
         (128, 128, 8, 3, 1): ((65, 128), False),
-        (128, 64, 4, 2, 1): ((65, 128), False),
         (32, 32, 4, 2, 0): ((1, 256), True),
     },
     "dkdv": {
         (128, 128, 8, 3, 0): ((1, 64), False),
-        (64, 64, 4, 3, 0): ((1, 256), False),
-        (64, 64, 8, 3, 0): ((65, 256), False),
-        (64, 128, 8, 2, 0): ((65, 256), False),
+        (64, 64, 4, 3, 1): ((1, 256), False),
+        (64, 128, 8, 2, 1): ((65, 256), False),
         (32, 32, 4, 2, 0): ((1, 256), True),
     },
     "dq": {
         (128, 64, 4, 3, 1): ((1, 64), False),
-        (64, 64, 4, 3, 0): ((1, 256), False),
-        (64, 32, 4, 3, 0): ((65, 256), False),
-        (64, 64, 8, 3, 0): ((65, 256), False),
+        (64, 64, 4, 3, 1): ((1, 256), False),
+        (64, 32, 4, 3, 1): ((65, 256), False),
         (32, 32, 4, 2, 0): ((1, 256), True),
     },
 }
@@ -102,12 +100,17 @@ def _prune(kind: str, configs, named_args, **kwargs):
         key = (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages, c.kwargs["TMA"])
         return _TABLE[kind].get(key, ((1, 256), fp32))  # a config not in the table (a test's) fits all
 
-    fits = [c for c in configs if tags(c)[1] == fp32 and (tma or not c.kwargs["TMA"])]
+    fits = [c for c in configs if tags(c)[1] == fp32]
     kept = [c for c in fits if tags(c)[0][0] <= d <= tags(c)[0][1] and max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) <= limit]
-    if kept:
+    if not kept:  # nothing tagged for this head or length: the smallest tile
+        kept = [min(fits, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+    if tma:
         return kept
-    plain = [c for c in fits if not c.kwargs["TMA"]] or fits  # nothing tagged for this head: the smallest tile
-    return [min(plain, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+    twins = {}  # TMA configs run with pointer loads where descriptors cannot be used
+    for c in kept:
+        plain = triton.Config({**c.kwargs, "TMA": 0}, num_warps=c.num_warps, num_stages=c.num_stages)
+        twins.setdefault((plain.kwargs["BLOCK_M"], plain.kwargs["BLOCK_N"], c.num_warps, c.num_stages), plain)
+    return list(twins.values())
 
 
 def _autotune(kind: str):
