@@ -1,12 +1,16 @@
-"""Answers of handout §1.1.3 (end-to-end timing, warm-up) and §1.1.5 (mixed precision) from a run's tables."""
+"""Answers of handout §1.1.3 (end-to-end timing, warm-up, the fastest configuration per size) and §1.1.5
+(mixed precision) from a run's tables."""
 
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 
 from cs336sys.analysis.answers_common import Note, Run, device, first, links, listing, not_measured, pct, section, size_order, times
+from cs336sys.analysis.markdown import is_empty, md_table
 from cs336sys.analysis.tables import ok_rows
-from cs336sys.studies.e2e.report import backward_forward_ratio, bf16_speedup
+from cs336sys.studies.e2e.report import NOT_SEPARATED, SEPARATED, backward_forward_ratio, bf16_speedup, describe_config, fastest_per_size
 from cs336sys.studies.warmup.report import warmup_effect
 
 QA = list[tuple[str, str]]
@@ -151,6 +155,75 @@ def warmup_answer(run: Run) -> str:
     return note.end(text) + links(section("warmup"), run.figure("warmup", "warmup"))
 
 
+MODE_WORDS = {"train": "training step", "inference": "inference forward"}
+
+
+def _mfu(row: pd.Series) -> str:
+    """``MFU 41.2%``, or why there is none (the merge's ``mfu_note``)."""
+    mfu = row.get("mfu_pct", math.nan)
+    if not is_empty(mfu) and math.isfinite(float(mfu)):
+        return f"MFU {float(mfu):.3g}%"
+    why = row.get("mfu_note")
+    return f"MFU unknown ({why if not is_empty(why) and str(why) else 'no FLOP count or peak TFLOP/s recorded'})"
+
+
+def _runner_up_times(row: pd.Series) -> dict:
+    """The runner-up's median and interval under the names ``Note.ms`` reads."""
+    return {"median_ms": row["runner_up_ms"], "ci_low_ms": row["runner_up_ci_low_ms"], "ci_high_ms": row["runner_up_ci_high_ms"]}
+
+
+def _runner_up(row: pd.Series, note: Note) -> str:
+    """The runner-up in words with its median, and whether the winner is separated from it."""
+    text = f"{row['runner_up']}, {note.ms(_runner_up_times(row))}"
+    if row["separated"] == SEPARATED:
+        return f"separated from the runner-up ({text})"
+    if row["separated"] == NOT_SEPARATED:
+        return f"no significant difference from the runner-up ({text})"
+    return f"runner-up {text}"
+
+
+def fastest_configuration(run: Run) -> str:
+    df = run.rows("e2e")
+    setting = "two or more values of `e2e.grid.precision`, `e2e.grid.impl`, `e2e.grid.compile` or `e2e.grid.cuda_graphs`"
+    if df is None:
+        return run.absent("e2e", setting)
+    best = fastest_per_size(df)
+    if best.empty:
+        return not_measured(setting, "each size and context ran in one configuration")
+    note = Note(df)
+    # the headline: the largest size, its training step if one was compared, at its longest context
+    size = size_order(run, best["size"])[-1]
+    part = best[best["size"] == size]
+    part = part[part["mode"] == "train"] if (part["mode"] == "train").any() else part
+    top = part.sort_values("context_length").iloc[-1]
+    optimizer = f", {top['optimizer']} AdamW" if top["mode"] == "train" and not is_empty(top.get("optimizer")) else ""
+    text = (
+        f"On {device(ok_rows(df, phase='step'))}, the fastest {MODE_WORDS.get(top['mode'], str(top['mode']) + ' step')} "
+        f"for the {size} model at context {top['context_length']}: {describe_config(top)}{optimizer}, {note.ms(top)}, "
+        f"{_mfu(top)}; {_runner_up(top, note)}."
+    )
+    answer = note.end(text) + links(section("e2e"), run.figure("e2e", "mfu"))
+    if len(best) > 1:  # every size, context and mode in which two or more configurations ran
+        table = pd.DataFrame(
+            {
+                "size": best["size"],
+                "context_length": best["context_length"],
+                "mode": best["mode"],
+                "compared": best["configs_compared"],
+                "fastest": [describe_config(r) for _, r in best.iterrows()],
+                **({"optimizer": best["optimizer"]} if "optimizer" in best else {}),
+                "median [95% interval]": [note.ms(r) for _, r in best.iterrows()],
+                "mfu_pct": best["mfu_pct"] if "mfu_pct" in best else math.nan,
+                "runner-up": [f"{r['runner_up']}, {note.ms(_runner_up_times(r))}" for _, r in best.iterrows()],
+                "separated": best["separated"],
+            }
+        )
+        answer += "\n\n" + md_table(table, ".3g")
+        notes = sorted({str(v) for v in best.get("mfu_note", pd.Series(dtype=object)) if not is_empty(v) and str(v)})
+        answer += f"\n\nMFU is empty where it cannot be computed: {'; '.join(notes)}." if notes else ""
+    return answer
+
+
 def accumulation(run: Run) -> str:
     df = run.rows("precision")
     rows = ok_rows(df, kind="accumulation") if df is not None else pd.DataFrame()
@@ -214,6 +287,7 @@ def answers_113(run: Run) -> QA:
         ("(a) How long do a forward and a backward pass take, per model size?", timing_per_size(run)),
         ("(b) With warm-up, how variable are the timings?", variability(run)),
         ("(c) What changes without warm-up, or with only 1–2 warm-up steps?", warmup_answer(run)),
+        ("(fastest configuration) Which configuration runs a step fastest, per size, and at what MFU?", fastest_configuration(run)),
     ]
 
 

@@ -1,4 +1,5 @@
-"""Figures and findings of study ``e2e``: times per size and context, bf16 speedup, MFU, backward/forward."""
+"""Figures and findings of study ``e2e``: times per size and context, bf16 speedup, MFU, backward/forward,
+and the fastest configuration per size."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336sys.analysis.findings import paired_ratios
-from cs336sys.analysis.markdown import md_table
+from cs336sys.analysis.findings import intervals, paired_ratios
+from cs336sys.analysis.markdown import is_empty, md_table, size_key, value_key
 from cs336sys.analysis.plots import (
     CI_ERR,
     draw_lines,
@@ -22,8 +23,14 @@ from cs336sys.analysis.plots import (
     with_ci,
 )
 from cs336sys.analysis.tables import ok_rows
+from cs336sys.measure.stats import significant
 
 LM_KEYS = ["size", "context_length", "precision", "impl", "compile", "cuda_graphs"]
+CONFIG = ["precision", "impl", "compile", "cuda_graphs"]  # what a user picks for one size and context
+BEST_GROUP = ["size", "context_length", "mode"]
+WINNER_COLUMNS = ["optimizer", "median_ms", "ci_low_ms", "ci_high_ms", "tflops", "mfu_pct", "mfu_note", "tokens_per_s"]
+# the `separated` column of fastest_per_size: a finding only where the two 95% intervals do not overlap
+SEPARATED, NOT_SEPARATED, NO_INTERVAL = "yes", "no significant difference", "no interval recorded"
 PANELS = [("inference", "forward"), ("train", "forward"), ("train", "backward"), ("train", "optimizer_step"), ("train", "step")]
 
 
@@ -61,6 +68,54 @@ def trust(df: pd.DataFrame) -> pd.DataFrame:
     flagged = steps[steps[cols].fillna(False).astype(bool).any(axis=1)]
     keep = [c for c in LM_KEYS + ["mode", "median_ms", "ci_low_ms", "ci_high_ms", "ci_rel", "gpu_busy_frac", *cols] if c in flagged]
     return flagged[keep]
+
+
+def describe_config(row: pd.Series | dict) -> str:
+    """A configuration in words, ``bf16, sdpa, compile, CUDA graphs``; axes the row lacks are left out."""
+    parts = [str(row[c]) for c in ("precision", "impl") if c in row and not is_empty(row[c])]
+    for column, on, off in (("compile", "compile", "no compile"), ("cuda_graphs", "CUDA graphs", "no CUDA graphs")):
+        if column in row and not is_empty(row[column]):
+            parts.append(on if int(row[column]) else off)
+    return ", ".join(parts)
+
+
+def separation(winner: pd.Series, runner_up: pd.Series) -> str:
+    """The ``separated`` text: yes where the winner's 95% interval lies wholly below the runner-up's."""
+    a, b = intervals(pd.DataFrame([winner, runner_up]))
+    if not (a.bounded and b.bounded):
+        return NO_INTERVAL
+    return SEPARATED if significant(a, b) else NOT_SEPARATED
+
+
+def fastest_per_size(df: pd.DataFrame) -> pd.DataFrame:
+    """Per size × context × mode with two or more ok configurations: the one with the lowest median step time.
+
+    Whole steps only (``phase == "step"``); failed cells (oom, error, …) are never candidates.
+    Each row: how many configurations were compared, the winner's configuration, median with
+    its 95% interval, TFLOP/s, MFU and tokens/s where the merge derived them; the runner-up in
+    words with its median and interval; ``separated``: "yes" only where the winner's interval
+    lies wholly below the runner-up's, otherwise "no significant difference". Sizes in model
+    order (small … 2.7B), then context, then mode.
+    """
+    steps = ok_rows(df, phase="step")
+    if steps.empty or not {"median_ms", *BEST_GROUP} <= set(steps.columns):
+        return pd.DataFrame()
+    config = [c for c in CONFIG if c in steps]
+    # the fastest row of each configuration (one per configuration after the merge; duplicates would count once)
+    steps = steps.dropna(subset=["median_ms"]).sort_values("median_ms", kind="stable").drop_duplicates(BEST_GROUP + config)
+    extra = [c for c in WINNER_COLUMNS if c in steps]
+    rows = []
+    for key, part in steps.groupby(BEST_GROUP, sort=False, dropna=False):
+        if len(part) < 2:
+            continue
+        best, second = part.iloc[0], part.iloc[1]
+        rows.append({**dict(zip(BEST_GROUP, key)), "configs_compared": len(part), **best[config + extra].to_dict(),
+                     "runner_up": describe_config(second), "runner_up_ms": second["median_ms"],
+                     "runner_up_ci_low_ms": second.get("ci_low_ms", float("nan")),
+                     "runner_up_ci_high_ms": second.get("ci_high_ms", float("nan")),
+                     "separated": separation(best, second)})  # fmt: skip
+    rows.sort(key=lambda r: (size_key(r["size"]), value_key(r["context_length"]), str(r["mode"])))
+    return pd.DataFrame(rows)
 
 
 def plot_times(df: pd.DataFrame, path: Path, run: str, impl: str) -> Path:
@@ -132,4 +187,14 @@ def findings(df: pd.DataFrame) -> str:
     elif not steps.empty:
         notes = sorted(set(steps.get("mfu_note", pd.Series(dtype=str)).dropna()))
         parts.append(f"MFU: empty — {'; '.join(notes) or 'no peak known'}.")
+    best = fastest_per_size(df)
+    if not best.empty:
+        if "mfu_note" in best and best["mfu_note"].map(lambda v: is_empty(v) or not str(v)).all():
+            best = best.drop(columns="mfu_note")  # every MFU known: nothing to explain
+        parts += [
+            "**Fastest configuration per size** (whole steps): for each size, context and mode in which two or more "
+            "configurations ran, the one with the lowest median step time, against the runner-up; `separated` is *yes* "
+            "only where the two 95% intervals do not overlap, otherwise *no significant difference*:",
+            md_table(best, ".3g"),
+        ]
     return "\n\n".join(parts)
