@@ -3,6 +3,7 @@
 from collections.abc import Mapping
 from typing import Any
 
+from cs336sys.models.variants import TUTORIAL_HEAD_DIMS, TUTORIAL_PRECISIONS, TUTORIAL_SEQ_MULTIPLE, tutorial_unsupported
 from cs336sys.studies import Axes, Study
 
 
@@ -15,11 +16,24 @@ def _leaderboard(section: Mapping[str, Any]) -> list[Axes]:
     return [{**fixed, "impl": impl} for impl in section["grid"]["impl"]]
 
 
+def _valid(axes: Axes) -> bool:
+    """Triton's tutorial kernel handles only some shapes and dtypes (``variants.tutorial_unsupported``)."""
+    return axes["impl"] != "tutorial" or not tutorial_unsupported(axes["seq_len"], axes["head_dim"], axes["precision"])
+
+
 STUDY = Study(
     name="flash",
-    question="How fast are our Triton FlashAttention-2 kernels against SDPA's backends and eager PyTorch? (§1.3)",
+    question="How fast are our Triton FlashAttention-2 kernels against SDPA's backends, Triton's tutorial kernel and eager PyTorch? (§1.3)",
     axes=("seq_len", "head_dim", "precision", "impl", "num_heads"),
+    valid=_valid,
+    why_invalid=(
+        f"impl tutorial (Triton's fused-attention tutorial kernel) runs only precision {', '.join(TUTORIAL_PRECISIONS)}, "
+        f"head_dim {', '.join(map(str, TUTORIAL_HEAD_DIMS))} and seq_len a multiple of {TUTORIAL_SEQ_MULTIPLE}"
+    ),
     extra_cells=_leaderboard,
     cell_keys=("leaderboard",),
-    optional_modules={"cs336sys.models.triton_attention": lambda axes: axes["impl"] == "triton"},
+    optional_modules={
+        "cs336sys.models.triton_attention": lambda axes: axes["impl"] == "triton",
+        "cs336sys.models.triton_tutorial_attention": lambda axes: axes["impl"] == "tutorial",
+    },
 )

@@ -2,11 +2,15 @@
 
 SDPA's backends are forced one at a time (``sdpa-flash``, ``sdpa-cudnn``,
 ``sdpa-efficient``); a backend that refuses the dtype or head size makes the
-cell ``skipped`` with SDPA's reason.
+cell ``skipped`` with SDPA's reason. ``tutorial`` is Triton's fused-attention
+tutorial kernel (``models.triton_tutorial_attention``), a reference point: the
+shapes it does not handle are not cells, and a direct call with one is skipped
+with the reason.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from typing import Any
@@ -18,7 +22,7 @@ from cs336sys.measure.flops import attention_core_flops, phase_flops
 from cs336sys.measure.timing import bench_stats
 from cs336sys.models.attention import get_attention
 from cs336sys.models.dtypes import set_matmul_precision
-from cs336sys.models.variants import FLASH_IMPLS
+from cs336sys.models.variants import FLASH_IMPLS, tutorial_unsupported
 from cs336sys.pipeline.rows import Skip
 from cs336sys.studies.attention.measure import core, qkv
 
@@ -36,6 +40,12 @@ def _flash_fn(impl: str, device: torch.device) -> tuple[Callable, Callable[[], A
         return get_attention("sdpa", "softmax"), lambda: sdpa_kernel(backend)
     if impl not in FLASH_IMPLS:
         raise ValueError(f"unknown flash implementation {impl!r}; known: {', '.join(FLASH_IMPLS)}")
+    if impl == "tutorial":
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise Skip("implementation 'tutorial' needs CUDA (TRITON_INTERPRET=1 runs it on CPU, slowly)")
+        from cs336sys.models.triton_tutorial_attention import tutorial_attention  # only its cells hash it
+
+        return tutorial_attention, nullcontext
     return core(impl, "softmax", device), nullcontext
 
 
@@ -53,6 +63,8 @@ def measure(
     rep_ms: float = 100,
     seed: int = 0,
 ) -> Iterator[dict[str, Any]]:
+    if impl == "tutorial" and (why := tutorial_unsupported(seq_len, head_dim, precision)):
+        raise Skip(f"unsupported by the Triton tutorial kernel: {why}")
     fn, kernel_ctx = _flash_fn(impl, device)
     set_matmul_precision(precision)
     q, k, v = qkv((batch_size, num_heads, seq_len, head_dim), precision, device, seed)
