@@ -15,7 +15,7 @@ from cs336sys.analysis.tables import load_study
 from workflow_helpers import REPO
 
 RESULTS = REPO / "results"
-COMMITTED = ["h200", "h200-sizes", "h200-full", "h100-e2e-a", "h100-e2e-b"]
+COMMITTED = ["h200", "h200-sizes", "h200-full", "h100-e2e-a", "h100-e2e-b", "h100-profile"]
 
 # Every benchmarking question of the handout (and the mha pages) the page must carry: (heading, question start).
 QUESTIONS = [
@@ -140,6 +140,15 @@ def test_a_run_without_a_study_says_not_measured(pages):
             assert text.startswith("_not measured in this run: enable "), (start, text)
     assert "enable `warmup` (`studies:`)" in answers["(c) What changes without warm-up"]
     assert "the same kernel leads both in" in answers["(b) Which kernel takes the most forward time"]
+
+
+def test_profile_answers_skip_a_largest_cell_whose_training_step_ran_out_of_memory(pages):
+    # h100-profile's largest cell (2.7B, context 1024) is an OOM training step with no kernels
+    prof = load_study(RESULTS / "h100-profile" / "profile.csv", "profile")
+    assert (prof[(prof["size"] == "2.7B") & (prof["context_length"] == 1024)]["status"] == "oom").any()
+    top = _answers(pages["h100-profile"])["(b) Which kernel takes the most forward time"]
+    assert "not measured" not in top
+    assert "In the training forward of 2.7B (context 512, fp32)" in top
 
 
 def _synthetic_e2e(path: Path) -> Path:

@@ -56,7 +56,9 @@ def _profile_qa(run: Run) -> list[str]:
     if found is None:
         return [run.absent("profile", "`profile.grid.size`")] * 5
     prof, axes, cells = found
-    big = cells[-1]
+    # the largest cell whose training step ran: the largest one may be an OOM row with no kernels
+    trained = [c for c in cells if pd.notna(c.get("forward_top_kernel"))]
+    big = trained[-1] if trained else cells[-1]
     dev = device(prof)
     cpu = (
         "This run profiled CPU operators (no CUDA): their self time stands in for kernel time. "
