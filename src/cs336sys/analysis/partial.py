@@ -1,0 +1,88 @@
+"""Merge, draw and report a run whose sweep stopped before every cell ran: a named slice.
+
+Snakemake merges a study only once every cell of its grid has a CSV, so a sweep cut short (device
+time, a deadline) leaves its cells in ``results/<run>/<study>/cells/`` and no report. This makes
+the merged CSVs, the figures, ``report.md`` and ``answers.md`` from the cells there are, with the
+same library calls as the merge, plots, report and answers rules, and lists the grid's cells that
+are missing, so the slice can be named. Rerunning the sweep later fills the grid and Snakemake
+replaces these files.
+
+    python -m cs336sys.analysis.partial results/h100-e2e-best
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from cs336sys import studies as S
+from cs336sys.analysis.answers import write_answers
+from cs336sys.analysis.plots import plot_study
+from cs336sys.analysis.report import write_report
+from cs336sys.analysis.tables import load_study, merge_cells
+from cs336sys.pipeline.config import load_yaml
+from cs336sys.pipeline.rows import write_csv_atomic
+
+
+def _pass_dir(k: int) -> str:
+    return "" if k == 0 else f"pass{k}"  # as the workflow spells it (workflow/rules/common.smk)
+
+
+def study_cells(results: Path, study: str, config: dict) -> tuple[list[Path], list[str]]:
+    """The CSVs of ``study``'s grid cells that exist (every pass), and the ids of cells missing a pass."""
+    present, missing = [], []
+    for cid in S.grid(study, config):
+        paths = [results / study / "cells" / _pass_dir(k) / f"{cid}.csv" for k in range(config[study].get("passes", 1))]
+        present += [p for p in paths if p.is_file()]
+        if not all(p.is_file() for p in paths):
+            missing.append(cid)
+    return present, missing
+
+
+def report_partial(results: Path, report_dir: Path | None = None) -> dict[str, list[str]]:
+    """Write the run's merged CSVs, figures, report.md and answers.md from its cells; return the missing cells per study."""
+    run = results.resolve().name
+    snapshot = results / "config.yaml"
+    if not snapshot.is_file():
+        raise FileNotFoundError(
+            f"{snapshot}: no config snapshot; make it with the run's own flags, e.g. "
+            f"`snakemake --configfile <overlay> --config run={run} {snapshot}`"
+        )
+    config = load_yaml(snapshot)
+    report_dir = report_dir or Path("report") / run
+    csvs, figures, missing = {}, [], {}
+    for study in config["studies"]:
+        present, missing[study] = study_cells(results, study, config)
+        if not present:
+            continue
+        merged = merge_cells(present, study, config["peak_tflops"], config["flags"], config["interval_floor_rel"])
+        csvs[study] = results / f"{study}.csv"
+        write_csv_atomic(merged, csvs[study])
+        figures.append(report_dir / "figures" / study)
+        plot_study(study, load_study(csvs[study], study), figures[-1], run=run)
+    if not csvs:
+        raise FileNotFoundError(f"{results}: no cell CSV of any study in {', '.join(config['studies'])}")
+    write_report(out=report_dir / "report.md", run=run, studies=list(csvs), csvs=list(csvs.values()), figure_dirs=figures,
+                 config=config, benchmarks=Path("benchmarks") / run)  # fmt: skip
+    write_answers(out=report_dir / "answers.md", run=run, csvs=csvs, config=config)
+    return missing
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cs336sys.analysis.partial", description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", type=Path, metavar="RUN_DIR", help="results/<run>: its config.yaml snapshot and <study>/cells/")
+    parser.add_argument("--report-dir", type=Path, help="where report.md, answers.md and figures/ go (default report/<run>)")
+    args = parser.parse_args(argv)
+    try:
+        missing = report_partial(args.results, args.report_dir)
+    except FileNotFoundError as err:
+        parser.error(str(err))
+    for study, cells in missing.items():
+        total = len(S.grid(study, load_yaml(args.results / "config.yaml")))
+        print(f"{study}: {total - len(cells)} of {total} cells" + (f"; missing: {', '.join(cells)}" if cells else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
