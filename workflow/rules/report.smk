@@ -55,6 +55,8 @@ rule snapshot:
         config_snapshot(),
     log:
         f"logs/{RUN}/snapshot.log",
+    # before the cells: a sweep cut short still has the settings its slice is reported with
+    priority: MAX_PASSES + 1
     params:
         config=run_settings(),
     script:
