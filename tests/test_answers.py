@@ -149,6 +149,7 @@ def test_profile_answers_skip_a_largest_cell_whose_training_step_ran_out_of_memo
     top = _answers(pages["h100-profile"])["(b) Which kernel takes the most forward time"]
     assert "not measured" not in top
     assert "In the training forward of 2.7B (context 512, fp32)" in top
+    assert "of the 19 profiled cells whose training step ran" in top  # 20 cells, one OOM
 
 
 def _synthetic_e2e(path: Path) -> Path:
@@ -214,3 +215,16 @@ def test_reduced_grids_still_answer_every_question(tmp_path, run, pick):
     assert NOT_ANSWERED not in page
     assert not re.search(r"\bnan\b", page, re.I), [line for line in page.splitlines() if re.search(r"\bnan\b", line, re.I)]
     assert set(_answers(page)) == {start for _, start in QUESTIONS}
+
+
+def test_flash_answer_compares_ours_with_pytorch_not_with_the_tutorial_kernel():
+    from cs336sys.analysis.answers_attention import answers_13
+
+    shape = dict(seq_len=1024, head_dim=64, precision="bf16", num_heads=1, phase="forward", status="ok", device_name="GPU")
+    times = {"triton": 10.0, "tutorial": 8.0, "sdpa-flash": 12.0}  # ours beats PyTorch's; the tutorial beats ours
+    rows = [dict(shape, cell_id=impl, impl=impl, median_ms=ms, ci_low_ms=ms * 0.99, ci_high_ms=ms * 1.01) for impl, ms in times.items()]
+    table = dict(answers_13(Run("synthetic", {"flash": pd.DataFrame(rows)})))[
+        "(FlashAttention-2) How does our Triton kernel compare with PyTorch's implementations?"
+    ]
+    assert "faster than the fastest PyTorch implementation in 1 of 1" in table
+    assert "sdpa-flash: 1.2×" in table and "tutorial: " not in table

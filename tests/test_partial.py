@@ -24,7 +24,8 @@ def _run(tmp_path, cells: int):
     for cid in ids[:cells]:
         axes = S.grid("attention", config)[cid]
         row = dict(study="attention", cell_id=cid, status="ok", error="", **axes, mode="train", phase="forward",
-                   median_ms=2.0, ci_low_ms=1.9, ci_high_ms=2.1, device="cpu", device_name="cpu (x86_64)", host="h")  # fmt: skip
+                   median_ms=2.0, ci_low_ms=1.9, ci_high_ms=2.1, mean_ms=2.0, std_ms=0.1, min_ms=1.9, max_ms=2.1, n=3, trials=1,
+                   trial_medians_ms="2.0", samples_ms="1.9;2.0;2.1", device="cpu", device_name="cpu (x86_64)", host="h")  # fmt: skip
         write_csv_atomic(pd.DataFrame([row]), results / "attention" / "cells" / f"{cid}.csv")
     return results, ids
 
@@ -35,7 +36,10 @@ def test_a_partial_run_is_merged_reported_and_its_missing_cells_named(tmp_path):
     assert missing == {"attention": [ids[1]]}
     merged = pd.read_csv(results / "attention.csv")
     assert merged["cell_id"].unique().tolist() == [ids[0]]
-    assert "## Study `attention`" in (tmp_path / "report" / "report.md").read_text()
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "## Study `attention`" in report
+    assert "## Cells not measured (the sweep stopped before them)" in report and ids[1] in report
+    assert "every cell ran" not in report
     assert "run `slice`" in (tmp_path / "report" / "answers.md").read_text()
 
 
@@ -48,3 +52,15 @@ def test_the_command_prints_the_count_and_refuses_a_run_without_its_snapshot(tmp
     with pytest.raises(SystemExit):
         main([str(results)])
     assert "config.yaml: no config snapshot" in capsys.readouterr().err
+
+
+def test_a_cell_missing_one_of_its_passes_is_left_out_not_merged(tmp_path):
+    results, ids = _run(tmp_path, cells=2)
+    config = yaml.safe_load((results / "config.yaml").read_text())
+    config["attention"]["passes"] = 2
+    (results / "config.yaml").write_text(yaml.safe_dump(config))
+    (results / "attention" / "cells" / "pass1").mkdir()
+    first = results / "attention" / "cells" / f"{ids[0]}.csv"
+    (results / "attention" / "cells" / "pass1" / first.name).write_bytes(first.read_bytes())
+    assert report_partial(results, tmp_path / "report") == {"attention": [ids[1]]}
+    assert pd.read_csv(results / "attention.csv")["cell_id"].unique().tolist() == [ids[0]]

@@ -143,10 +143,13 @@ def _compile(run: Run) -> str:
     e2e = run.rows("e2e")
     if e2e is not None and "compile" in e2e and e2e["compile"].nunique() > 1:
         rows = ok_rows(e2e, phase="step")
-        rows = rows[rows["cuda_graphs"] == 0] if "cuda_graphs" in rows else rows
-        r = paired_ratios(rows, [k for k in LM_KEYS if k not in ("compile", "cuda_graphs")] + ["mode"], "compile", 0, 1)
+        # pairs launched the same way (eager launches first; a CUDA-graph run may have only graphed pairs)
+        keys = [k for k in LM_KEYS if k != "compile" and k in rows] + ["mode"]
+        r = paired_ratios(rows, keys, "compile", 0, 1)
+        r = r.sort_values("cuda_graphs", kind="stable") if "cuda_graphs" in r else r
         used += ["e2e"] if not r.empty else []
-        parts += [f"eager / compiled {x['mode']} step of {x['size']} (context {x['context_length']}, {x['precision']}, {x['impl']}): {note.ratio(x)}"
+        graphed = lambda x: ", CUDA graphs" if int(x.get("cuda_graphs", 0) or 0) else ""  # noqa: E731
+        parts += [f"eager / compiled {x['mode']} step of {x['size']} (context {x['context_length']}, {x['precision']}, {x['impl']}{graphed(x)}): {note.ratio(x)}"
                   for _, x in r.iterrows()][:4]  # fmt: skip
     warm = run.rows("warmup")
     if not parts and warm is not None and ok_rows(warm)["compile"].nunique() > 1:
@@ -211,7 +214,8 @@ def _flash(run: Run) -> tuple[str, str]:
     note, table, wins = Note(ok), [], []
     for key, part in ok.groupby(FLASH_INDEX):
         row = dict(zip(FLASH_INDEX, key)) | {impl: note.ms(first(part, impl=impl)) for impl in impls if first(part, impl=impl) is not None}
-        others = part[part["impl"] != "triton"]
+        # PyTorch's implementations only: Triton's tutorial kernel is a reference point, listed in the table
+        others = part[~part["impl"].isin(["triton", "tutorial"])]
         if "triton" in set(part["impl"]) and not others.empty:
             best = others.loc[others["median_ms"].idxmin(), "impl"]
             r = paired_ratios(part, FLASH_INDEX, "impl", best, "triton")

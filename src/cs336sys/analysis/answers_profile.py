@@ -76,7 +76,8 @@ def _profile_qa(run: Run) -> list[str]:
     )
     a += links(section("profile"))
 
-    same = sum(bool(c.get("same_top_kernel")) for c in cells if pd.notna(c.get("same_top_kernel")))
+    compared = [c for c in cells if pd.notna(c.get("same_top_kernel"))]  # cells whose training step ran
+    same = sum(bool(c["same_top_kernel"]) for c in compared)
     if pd.isna(big.get("forward_top_kernel")):
         b = not_measured("`profile.grid` with `impl: [eager]` (no training-forward kernels were recorded)")
     else:
@@ -88,7 +89,7 @@ def _profile_qa(run: Run) -> list[str]:
         b = (
             f"In the training forward of {_label(axes, big)}, {kernel_name(_full_name(prof, big['cell_id'], big['forward_top_kernel'], ('forward',)))} takes the most kernel time "
             f"({pct(big['its_share_of_forward'])} of the forward), invoked {num(big['its_calls_per_forward'], 3)} times per forward; "
-            f"{lead} (the same kernel leads both in {same} of {len(cells)} profiled cells)."
+            f"{lead} (the same kernel leads both in {same} of the {len(compared)} profiled cells whose training step ran)."
         ) + links(section("profile"), run.figure("profile", f"kernels_{big['cell_id']}"))
 
     nm = non_matmul_kernels(prof)

@@ -3,8 +3,8 @@
 Snakemake merges a study only once every cell of its grid has a CSV, so a sweep cut short (device
 time, a deadline) leaves its cells in ``results/<run>/<study>/cells/`` and no report. This makes
 the merged CSVs, the figures, ``report.md`` and ``answers.md`` from the cells there are, with the
-same library calls as the merge, plots, report and answers rules, and lists the grid's cells that
-are missing, so the slice can be named. Rerunning the sweep later fills the grid and Snakemake
+same library calls as the merge, plots, report and answers rules, and names the grid's cells that
+are missing (printed, and in the report), so the slice is never read as the whole grid. Rerunning the sweep later fills the grid and Snakemake
 replaces these files.
 
     python -m cs336sys.analysis.partial results/h100-e2e-best
@@ -30,12 +30,17 @@ def _pass_dir(k: int) -> str:
 
 
 def study_cells(results: Path, study: str, config: dict) -> tuple[list[Path], list[str]]:
-    """The CSVs of ``study``'s grid cells that exist (every pass), and the ids of cells missing a pass."""
+    """The CSVs of ``study``'s cells that have every pass, and the ids of the cells that do not.
+
+    A cell with only some of its passes is left out rather than merged: its interval would lack
+    the between-pass spread the run was configured to measure.
+    """
     present, missing = [], []
     for cid in S.grid(study, config):
         paths = [results / study / "cells" / _pass_dir(k) / f"{cid}.csv" for k in range(config[study].get("passes", 1))]
-        present += [p for p in paths if p.is_file()]
-        if not all(p.is_file() for p in paths):
+        if all(p.is_file() for p in paths):
+            present += paths
+        else:
             missing.append(cid)
     return present, missing
 
@@ -64,7 +69,7 @@ def report_partial(results: Path, report_dir: Path | None = None) -> dict[str, l
     if not csvs:
         raise FileNotFoundError(f"{results}: no cell CSV of any study in {', '.join(config['studies'])}")
     write_report(out=report_dir / "report.md", run=run, studies=list(csvs), csvs=list(csvs.values()), figure_dirs=figures,
-                 config=config, benchmarks=Path("benchmarks") / run)  # fmt: skip
+                 config=config, benchmarks=Path("benchmarks") / run, missing=missing)  # fmt: skip
     write_answers(out=report_dir / "answers.md", run=run, csvs=csvs, config=config)
     return missing
 

@@ -124,6 +124,7 @@ def write_report(
     figure_dirs: Sequence[Path],
     config: Mapping[str, Any] | None = None,
     benchmarks: Path | None = None,
+    missing: Mapping[str, Sequence[str]] | None = None,
 ) -> Path:
     """``report.md`` of one run from its merged CSVs; ``config`` is the run's own recorded settings, if any.
 
@@ -157,7 +158,18 @@ def write_report(
         ]
     fails = pd.concat([failures(df) for df in frames.values() if not df.empty], ignore_index=True) if frames else pd.DataFrame()
     lines += ["## Failed cells (out of memory, timeout, error, skipped)", ""]
-    lines += [md_table(fails) if not fails.empty else "None: every cell ran.", ""]
+    unmeasured = [{"study": name, "cell_id": cid} for name, cells in (missing or {}).items() for cid in cells]
+    lines += [md_table(fails) if not fails.empty else ("None among the cells that ran." if unmeasured else "None: every cell ran."), ""]
+    if unmeasured:
+        lines += [
+            "## Cells not measured (the sweep stopped before them)",
+            "",
+            f"This report is a slice: {len(unmeasured)} cell(s) of the configured grid have no CSV (or lack a pass), "
+            "so they are in no table, figure or answer below.",
+            "",
+            md_table(pd.DataFrame(unmeasured)),
+            "",
+        ]
     for name, fig_dir in zip(studies, figure_dirs):
         df = frames[name]
         spec = get_study(name)

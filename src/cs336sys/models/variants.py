@@ -36,8 +36,10 @@ def needs_cuda(impl: str) -> bool:
 # BLOCK_N <= head_dim with BLOCK_N >= 32, so 16 never compiles (and tl.arange needs a power of two).
 # No tile is masked: the backward asserts seq % 128 == 0, and in the forward the row-statistics
 # stores and the tensor descriptors (over all heads' rows at once) would run into the next head. The
-# kernels are written for 16-bit inputs (fp16; bf16 by our adaptation).
-TUTORIAL_HEAD_DIMS = (32, 64, 128, 256)
+# kernels are written for 16-bit inputs (fp16; bf16 by our adaptation). 256 is left out: upstream
+# tests and benchmarks only 64 and 128, and the backward's one fixed config (BLOCK_N1 128, 5 stages)
+# would need about twice the registers a thread has for its fp32 dK and dV tiles at d 256.
+TUTORIAL_HEAD_DIMS = (32, 64, 128)
 TUTORIAL_SEQ_MULTIPLE = 128
 TUTORIAL_PRECISIONS = ("bf16",)  # of PRECISIONS: fp32 would run its dots as TF32, not strict fp32
 
