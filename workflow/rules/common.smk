@@ -88,20 +88,16 @@ localrules:
 
 
 # --- paths (the only place they are spelled) ---------------------------------------------------
-def _pass_dir(k):
-    return "" if k == 0 else f"pass{k}/"  # pass 0 where runs of one pass always kept their cells
-
-
 def cell_csv(study, k=0):
-    return f"results/{RUN}/{study}/cells/{_pass_dir(k)}{{cell}}.csv"
+    return f"results/{RUN}/{study}/cells/{S.pass_dir(k)}{{cell}}.csv"
 
 
 def cell_log(study, k=0):
-    return f"logs/{RUN}/{study}/{_pass_dir(k)}{{cell}}.log"
+    return f"logs/{RUN}/{study}/{S.pass_dir(k)}{{cell}}.log"
 
 
 def cell_benchmark(study, k=0):
-    return f"benchmarks/{RUN}/{study}/{_pass_dir(k)}{{cell}}.tsv"
+    return f"benchmarks/{RUN}/{study}/{S.pass_dir(k)}{{cell}}.tsv"
 
 
 def passes(study):

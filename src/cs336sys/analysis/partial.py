@@ -25,10 +25,6 @@ from cs336sys.pipeline.config import load_yaml
 from cs336sys.pipeline.rows import write_csv_atomic
 
 
-def _pass_dir(k: int) -> str:
-    return "" if k == 0 else f"pass{k}"  # as the workflow spells it (workflow/rules/common.smk)
-
-
 def study_cells(results: Path, study: str, config: dict) -> tuple[list[Path], list[str]]:
     """The CSVs of ``study``'s cells that have every pass, and the ids of the cells that do not.
 
@@ -37,7 +33,7 @@ def study_cells(results: Path, study: str, config: dict) -> tuple[list[Path], li
     """
     present, missing = [], []
     for cid in S.grid(study, config):
-        paths = [results / study / "cells" / _pass_dir(k) / f"{cid}.csv" for k in range(config[study].get("passes", 1))]
+        paths = [results / study / "cells" / f"{S.pass_dir(k)}{cid}.csv" for k in range(config[study].get("passes", 1))]
         if all(p.is_file() for p in paths):
             present += paths
         else:

@@ -26,8 +26,8 @@ def is_valid(impl: str, activation: str) -> bool:
 
 
 def needs_cuda(impl: str) -> bool:
-    """Our Triton kernels run on CUDA (on CPU only under TRITON_INTERPRET=1, for tests)."""
-    return impl == "triton"
+    """Triton kernels (ours, and the tutorial's in the flash study) run on CUDA (on CPU only under TRITON_INTERPRET=1, for tests)."""
+    return impl in ("triton", "tutorial")
 
 
 # What Triton's fused-attention tutorial kernel handles (flash impl ``tutorial``,

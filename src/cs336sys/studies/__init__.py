@@ -95,6 +95,11 @@ def cell_id(name: str, axes: Axes) -> str:
     return "_".join(f"{key}={format_value(axes[key])}" for key in study(name).axes)
 
 
+def pass_dir(k: int) -> str:
+    """The folder of pass ``k``'s cell files under a study's cells/ (logs, benchmarks): pass 0 where runs of one pass always kept them."""
+    return "" if k == 0 else f"pass{k}/"
+
+
 def cells(name: str, section: Mapping[str, Any]) -> list[Axes]:
     """The valid cells of one study section, in grid order, without duplicates."""
     s = study(name)

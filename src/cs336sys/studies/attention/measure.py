@@ -22,10 +22,15 @@ from cs336sys.models.variants import needs_cuda
 from cs336sys.pipeline.rows import Skip
 
 
-def core(impl: str, activation: str, device: torch.device) -> Callable:
-    """The attention core ``impl`` × ``activation``; Skip where it cannot run on ``device``."""
+def require_device(impl: str, device: torch.device) -> None:
+    """Skip where ``impl`` is a Triton kernel and ``device`` cannot run it."""
     if needs_cuda(impl) and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise Skip(f"implementation {impl!r} needs CUDA (TRITON_INTERPRET=1 runs it on CPU, slowly)")
+
+
+def core(impl: str, activation: str, device: torch.device) -> Callable:
+    """The attention core ``impl`` × ``activation``; Skip where it cannot run on ``device``."""
+    require_device(impl, device)
     fn = get_attention(impl, activation)
     if fn is None:
         raise ValueError(f"{impl} × {activation} is not a valid combination")

@@ -10,7 +10,6 @@ with the reason.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from typing import Any
@@ -24,7 +23,7 @@ from cs336sys.models.attention import get_attention
 from cs336sys.models.dtypes import set_matmul_precision
 from cs336sys.models.variants import FLASH_IMPLS, tutorial_unsupported
 from cs336sys.pipeline.rows import Skip
-from cs336sys.studies.attention.measure import core, qkv
+from cs336sys.studies.attention.measure import core, qkv, require_device
 
 
 def _flash_fn(impl: str, device: torch.device) -> tuple[Callable, Callable[[], Any]]:
@@ -41,8 +40,7 @@ def _flash_fn(impl: str, device: torch.device) -> tuple[Callable, Callable[[], A
     if impl not in FLASH_IMPLS:
         raise ValueError(f"unknown flash implementation {impl!r}; known: {', '.join(FLASH_IMPLS)}")
     if impl == "tutorial":
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise Skip("implementation 'tutorial' needs CUDA (TRITON_INTERPRET=1 runs it on CPU, slowly)")
+        require_device(impl, device)
         from cs336sys.models.triton_tutorial_attention import tutorial_attention  # only its cells hash it
 
         return tutorial_attention, nullcontext
