@@ -25,3 +25,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def bf16_dot_in_the_interpreter(monkeypatch):
+    """Triton's interpreter stores bf16 as uint16 and its tl.dot multiplies those bit patterns
+    (its debugging guide: no bf16 arithmetic; triton-lang/triton#11584): upcast tl.dot's bf16
+    operands to fp32 first, which is what a GPU's bf16 MMA computes too (exact products, fp32
+    sums). Nothing to do where the kernels run compiled."""
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    import numpy as np
+    import triton
+    from triton.runtime import interpreter
+
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def upcast(x):
+        if x.dtype.is_bf16():  # stored as the top 16 bits of an fp32
+            return interpreter.TensorHandle((x.data.astype(np.uint32) << 16).view(np.float32), triton.language.float32)
+        return x
+
+    monkeypatch.setattr(
+        interpreter.InterpreterBuilder, "create_dot", lambda self, a, b, *rest: create_dot(self, upcast(a), upcast(b), *rest)
+    )

@@ -131,6 +131,62 @@ def test_rejects_mismatched_inputs():
         ta.relu_attention_fused(q, k.double(), v)
 
 
+@runs_here
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", SMALL_SHAPES)
+def test_atomic_dq_backward_matches_float64_reference(shape, is_causal):
+    # one backward kernel: every key tile adds its share of dQ atomically (pointer atomics here;
+    # Hopper's bulk reductions in the GPU tests)
+    q, k, v, do = _inputs(shape)
+    got = _forward_backward(lambda *a: ta.flash_attention(*a[:3], a[3], atomic_dq=True), q, k, v, do, is_causal)
+    ref = _forward_backward(lambda *a: _reference(*a, "softmax")[0], q.double(), k.double(), v.double(), do.double(), is_causal)
+    for name, a, e in zip(["out", "dq", "dk", "dv"], got, ref):
+        _assert_close(a, e, FP32_TOL, f"atomic {name}")
+
+
+@runs_here
+def test_atomic_dq_gives_way_to_deterministic_algorithms(monkeypatch):
+    q, k, v, do = _inputs((1, 2, 37, 16))
+    two_kernels = _forward_backward(lambda *a: ta.flash_attention(*a[:3], a[3]), q, k, v, do, True)
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    asked_atomic = _forward_backward(lambda *a: ta.flash_attention(*a[:3], a[3], atomic_dq=True), q, k, v, do, True)
+    for name, a, b in zip(["out", "dq", "dk", "dv"], two_kernels, asked_atomic):
+        assert torch.equal(a, b), name  # bit for bit: the same kernels ran
+
+
+# (batch, heads, seq, d) for 16-bit inputs: ragged sequences, d 64 (the leaderboard's) and 32
+HALF_SHAPES = [(1, 2, 37, 64), (2, 1, 70, 32)]
+EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+ULPS = 4  # P or dS is rounded to the input dtype before its dot, then the output: a few ulps
+
+
+def _half_error_within_budget(fn, activation, shape, dtype, is_causal):
+    """The kernel's error against float64 is at most max(ULPS ulps of the largest entry, 2× the error
+    of eager PyTorch run in ``dtype``), for the output and each gradient (flash-attention's rule,
+    with a floor for tiny shapes where eager happens to round luckily)."""
+    q, k, v, do = _inputs(shape, dtype=dtype)
+    eager = lambda *a: _reference(*a, activation)[0]  # noqa: E731
+    ref = _forward_backward(eager, *(x.double() for x in (q, k, v, do)), is_causal)
+    eager_half = _forward_backward(eager, q, k, v, do, is_causal)
+    got = _forward_backward(fn, q, k, v, do, is_causal)
+    for name, r, e, g in zip(["out", "dq", "dk", "dv"], ref, eager_half, got):
+        assert g.dtype == dtype and g.shape == r.shape, name
+        scale = r.abs().max().item()
+        err, err_eager = (g.double() - r).abs().max().item(), (e.double() - r).abs().max().item()
+        budget = max(ULPS * EPS[dtype] * scale, 2 * err_eager)
+        assert err <= budget, f"{activation} {name}: error {err:.3g} > {budget:.3g} (largest {scale:.3g}, eager {err_eager:.3g})"
+
+
+@runs_here
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", HALF_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("activation", ["softmax", "relu", "softmax-atomic"])
+def test_half_precision_matches_float64_reference(bf16_dot_in_the_interpreter, activation, dtype, shape, is_causal):
+    fn = (lambda *a: ta.flash_attention(*a[:3], a[3], atomic_dq=True)) if activation == "softmax-atomic" else KERNELS[activation]
+    _half_error_within_budget(fn, activation.split("-")[0], shape, dtype, is_causal)
+
+
 @pytest.mark.skipif(ON_GPU or INTERPRETING, reason="the kernel tests run in this process")
 def test_cpu_suite_in_subprocess():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
@@ -143,14 +199,14 @@ def test_cpu_suite_in_subprocess():
 # ----------------------------------------------------------------------------- GPU, realistic shapes
 
 
-def _error_budget(activation, seq, d, is_causal):
+def _error_budget(activation, seq, d, is_causal, fn=None):
     """flash-attention's rule: the kernel's bf16 error vs an fp32 reference is at most 2× that of
     the eager implementation run in bf16, for the output and each gradient."""
     q, k, v, do = _inputs((2, 4, seq, d), dtype=torch.bfloat16)
     eager = lambda *a: _reference(*a, activation)[0]  # noqa: E731
     ref = _forward_backward(eager, q.float(), k.float(), v.float(), do.float(), is_causal)
     eager_bf16 = _forward_backward(eager, q, k, v, do, is_causal)
-    got = _forward_backward(KERNELS[activation], q, k, v, do, is_causal)
+    got = _forward_backward(fn or KERNELS[activation], q, k, v, do, is_causal)
     assert got[0].dtype == torch.bfloat16
     for name, r, e, g in zip(["out", "dq", "dk", "dv"], ref, eager_bf16, got):
         err_eager = (e.float() - r).abs().max().item()
@@ -162,6 +218,13 @@ def _error_budget(activation, seq, d, is_causal):
 @pytest.mark.parametrize("seq,d,is_causal", [(1024, 64, True), (1024, 80, False), (2048, 128, True), (2048, 64, False)])
 def test_flash_bf16_error_within_2x_eager(seq, d, is_causal):
     _error_budget("softmax", seq, d, is_causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq,d,is_causal", [(1024, 64, True), (1000, 80, False), (2048, 128, True)])
+def test_atomic_dq_bf16_error_within_2x_eager(seq, d, is_causal):
+    # Hopper: dQ by bulk tensor reductions (d 80: 160-byte rows, still 16-byte aligned)
+    _error_budget("softmax", seq, d, is_causal, lambda *a: ta.flash_attention(*a[:3], a[3], atomic_dq=True))
 
 
 @pytest.mark.gpu
@@ -188,7 +251,7 @@ def test_relu_fused_memory_far_below_eager():
     assert fused < eager / 4, f"fused {fused / 2**20:.0f} MiB vs eager {eager / 2**20:.0f} MiB"
 
 
-@pytest.mark.parametrize("kind", ["fwd", "dkdv", "dq"])
+@pytest.mark.parametrize("kind", ["fwd", "dkdv", "dkdvq", "dq"])
 def test_configs_survive_the_autotuners_disk_cache(kind):
     # Triton's cache_results stores [(config.__dict__, timing)] as JSON and rebuilds each
     # config with triton.Config(**d): an attribute of ours there failed every cell after the
@@ -230,13 +293,13 @@ def test_prune_drops_tma_configs_where_rows_are_not_16_byte_aligned():
     assert {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in kept} == tiles
 
 
-_TMA_TILES = {"_attn_fwd": (32, 16), "_attn_bwd_dkdv": (16, 32), "_attn_bwd_dq": (32, 16)}
+_TMA_TILES = {"_attn_fwd": (32, 16), "_attn_bwd_dkdv": (16, 32), "_attn_bwd_dkdvq": (16, 32), "_attn_bwd_dq": (32, 16)}
 
 
 @runs_here
 @pytest.mark.skipif(ON_GPU and torch.cuda.get_device_capability() < (9, 0), reason="TMA descriptors need Hopper or newer")
 @pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("activation", ["softmax", "relu"])
+@pytest.mark.parametrize("activation", ["softmax", "relu", "softmax-atomic"])
 def test_tma_loads_match_float64_reference(monkeypatch, activation, is_causal):
     # the descriptor path (TMA = 1, what Hopper autotunes to for bf16) on a ragged sequence: rows
     # past the end must come back as zeros from the descriptor's bounds, not from a mask
@@ -246,9 +309,14 @@ def test_tma_loads_match_float64_reference(monkeypatch, activation, is_causal):
         kernel = getattr(ta, name)
         monkeypatch.setattr(kernel, "configs", [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "TMA": 1}, num_warps=4, num_stages=1)])
         monkeypatch.setattr(kernel, "cache", {})
+        monkeypatch.setattr(kernel, "best_config", None, raising=False)
+    atomic = activation == "softmax-atomic"
+    fn = (lambda *a: ta.flash_attention(*a[:3], a[3], atomic_dq=True)) if atomic else KERNELS[activation]
+    activation = activation.split("-")[0]
     q, k, v, do = _inputs((2, 2, 37, 16))
-    got = _forward_backward(KERNELS[activation], q, k, v, do, is_causal)
-    for name in _TMA_TILES:
+    got = _forward_backward(fn, q, k, v, do, is_causal)
+    ran = ["_attn_fwd", "_attn_bwd_dkdvq"] if atomic else ["_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"]
+    for name in ran:
         assert getattr(ta, name).best_config.kwargs["TMA"] == 1, name
     ref = _forward_backward(lambda *a: _reference(*a, activation)[0], *(x.double() for x in (q, k, v, do)), is_causal)
     for what, g, r in zip(["out", "dq", "dk", "dv"], got, ref):

@@ -4,7 +4,8 @@ Softmax attention follows the FlashAttention-2 forward of CS336 assignment 2 (Al
 program owns one tile of queries and streams tiles of K and V through an online softmax (running
 row max m and row sum l, fp32), then saves O and the row logsumexp L. The backward recomputes
 P = exp(S - L) tile by tile: D = rowsum(O ∘ dO), one program per K/V tile for dK and dV, and one
-program per Q tile for dQ (no atomics, so results are deterministic).
+program per Q tile for dQ (no atomics, so results are deterministic). flash_attention(atomic_dq=True)
+runs one backward kernel instead, whose key-tile programs also add their share of dQ atomically.
 
 ReLU attention (Wortsman et al. 2023) is O = relu(Q Kᵀ / √d) V / L_k with L_k the full key length;
 causal entries j > i are zero. It shares the kernels through the SOFTMAX constexpr and needs no
@@ -58,6 +59,14 @@ _TABLE: dict[str, dict[tuple[int, int, int, int, int], tuple[tuple[int, int], bo
         (64, 128, 8, 2, 1): ((65, 256), False),
         (32, 32, 4, 2, 0): ((1, 256), True),
     },
+    "dkdvq": {  # the one-kernel backward (atomic dQ): its own sweep, dQ by bulk reduction
+        (64, 64, 4, 3, 1): ((1, 256), False),
+        (128, 128, 8, 3, 1): ((1, 64), False),
+        (128, 128, 8, 3, 0): ((1, 64), False),
+        (64, 128, 4, 3, 1): ((1, 64), False),
+        (32, 64, 4, 3, 1): ((65, 128), False),
+        (32, 32, 4, 2, 0): ((1, 256), True),
+    },
     "dq": {
         (128, 64, 4, 3, 1): ((1, 64), False),
         (64, 64, 4, 3, 1): ((1, 256), False),
@@ -75,7 +84,7 @@ def _configs(kind: str, interpret: bool = _INTERPRET) -> list[triton.Config]:
     so an attribute of ours would break every cell after the first of a shape.
     """
     if interpret:  # one config: the interpreter runs each program serially on the CPU
-        bm, bn = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16)}[kind]
+        bm, bn = {"fwd": (32, 16), "dkdv": (16, 32), "dkdvq": (16, 32), "dq": (32, 16)}[kind]
         return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "TMA": 0}, num_warps=4, num_stages=1)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "TMA": tma}, num_warps=w, num_stages=s) for bm, bn, w, s, tma in _TABLE[kind]]
 
@@ -113,7 +122,7 @@ def _prune(kind: str, configs, named_args, **kwargs):
     return list(twins.values())
 
 
-def _autotune(kind: str):
+def _autotune(kind: str, reset_to_zero: list[str] | None = None):
     # the autotuner adds each tensor argument's dtype to the key by itself; cache_results keeps the
     # winner on disk beside the compiled kernels (TRITON_CACHE_DIR), so the next cell of the same
     # shape does not autotune again (15-28 s per cold cell measured on an H100)
@@ -122,8 +131,10 @@ def _autotune(kind: str):
         configs=_configs(kind),
         # BH_BUCKET: one head and sixteen heads of one length fill the GPU differently and tune
         # to different tiles; the autotuner adds each tensor's dtype to the key by itself
-        key=["N_BUCKET", "BH_BUCKET", "HEAD_DIM", "IS_CAUSAL", "SOFTMAX"],
+        key=["N_BUCKET", "BH_BUCKET", "HEAD_DIM", "IS_CAUSAL", "SOFTMAX", *(["ATOMIC_DQ"] if kind.startswith("dkdv") else [])],
         prune_configs_by={"early_config_prune": functools.partial(_prune, kind)},
+        # an accumulating output must start from zero in every timed run of every config
+        reset_to_zero=reset_to_zero,
         **cache,
     )
 
@@ -401,6 +412,7 @@ def _attn_bwd_dkdv_inner(
     DO,
     LSE,
     DELTA,
+    DQ,
     offs_n,
     offs_d,
     lo,
@@ -415,8 +427,10 @@ def _attn_bwd_dkdv_inner(
     MASKED: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     TMA: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):
-    """Accumulate dK, dV of one key tile over query tiles [lo, hi), working on transposes."""
+    """Accumulate dK, dV of one key tile over query tiles [lo, hi), working on transposes; with
+    ATOMIC_DQ, also add this key tile's share of each query tile's dQ (unscaled, fp32) into DQ."""
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         rows = start_m + tl.arange(0, BLOCK_M)
@@ -451,12 +465,18 @@ def _attn_bwd_dkdv_inner(
         # -- dV += Pᵀ dO; dK += dSᵀ Q --
         dv = tl.dot(pT.to(q.dtype), do, dv, input_precision=INPUT_PRECISION)
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=INPUT_PRECISION)
+        if ATOMIC_DQ:  # dQ += dS K: the fifth matmul, instead of recomputing S and dP per query tile
+            dq = tl.dot(tl.trans(dsT.to(q.dtype)), k, input_precision=INPUT_PRECISION)
+            if ATOMIC_DQ == 2:  # one bulk reduction per tile (cp.reduce.async.bulk); bounds drop the tail
+                DQ.atomic_add([start_m, 0], dq)
+            else:
+                dq_ptrs = DQ + rows[:, None] * HEAD_DIM + offs_d[None, :]
+                tl.atomic_add(dq_ptrs, dq, mask=(rows[:, None] < N_CTX) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
     return dk, dv
 
 
-@_autotune("dkdv")
 @triton.jit
-def _attn_bwd_dkdv(
+def _attn_bwd_kv(
     Q,
     K,
     V,
@@ -465,6 +485,7 @@ def _attn_bwd_dkdv(
     DELTA,
     DK,
     DV,
+    DQ,
     sm_scale,
     N_CTX,
     N_BUCKET,
@@ -477,6 +498,7 @@ def _attn_bwd_dkdv(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TMA: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):
     tl.static_assert(BLOCK_N % BLOCK_M == 0)  # query tiles start on the key tile's diagonal
     start_n = tl.program_id(0) * BLOCK_N  # first key tiles see the most queries: launched first
@@ -488,6 +510,10 @@ def _attn_bwd_dkdv(
     DO += offset
     DK += offset
     DV += offset
+    if ATOMIC_DQ:  # fp32 (B, H, N, d), zeroed by the caller
+        DQ += offset
+        if ATOMIC_DQ == 2:
+            DQ = _rows_source(DQ, N_CTX, HEAD_DIM, BLOCK_M, BLOCK_D, 1)
     Q = _rows_source(Q, N_CTX, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
     DO = _rows_source(DO, N_CTX, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
     LSE += off_bh.to(tl.int64) * N_CTX
@@ -513,6 +539,7 @@ def _attn_bwd_dkdv(
             DO,
             LSE,
             DELTA,
+            DQ,
             offs_n,
             offs_d,
             start_n,
@@ -527,6 +554,7 @@ def _attn_bwd_dkdv(
             True,
             INPUT_PRECISION,
             TMA,
+            ATOMIC_DQ,
         )
         dk, dv = _attn_bwd_dkdv_inner(
             dk,
@@ -537,6 +565,7 @@ def _attn_bwd_dkdv(
             DO,
             LSE,
             DELTA,
+            DQ,
             offs_n,
             offs_d,
             mid,
@@ -551,6 +580,7 @@ def _attn_bwd_dkdv(
             False,
             INPUT_PRECISION,
             TMA,
+            ATOMIC_DQ,
         )
         dk, dv = _attn_bwd_dkdv_inner(
             dk,
@@ -561,6 +591,7 @@ def _attn_bwd_dkdv(
             DO,
             LSE,
             DELTA,
+            DQ,
             offs_n,
             offs_d,
             tl.maximum(mid, m_full),
@@ -575,6 +606,7 @@ def _attn_bwd_dkdv(
             True,
             INPUT_PRECISION,
             TMA,
+            ATOMIC_DQ,
         )
     else:
         dk, dv = _attn_bwd_dkdv_inner(
@@ -586,6 +618,7 @@ def _attn_bwd_dkdv(
             DO,
             LSE,
             DELTA,
+            DQ,
             offs_n,
             offs_d,
             0,
@@ -600,6 +633,7 @@ def _attn_bwd_dkdv(
             False,
             INPUT_PRECISION,
             TMA,
+            ATOMIC_DQ,
         )
         dk, dv = _attn_bwd_dkdv_inner(
             dk,
@@ -610,6 +644,7 @@ def _attn_bwd_dkdv(
             DO,
             LSE,
             DELTA,
+            DQ,
             offs_n,
             offs_d,
             m_full,
@@ -624,6 +659,7 @@ def _attn_bwd_dkdv(
             True,
             INPUT_PRECISION,
             TMA,
+            ATOMIC_DQ,
         )
     if SOFTMAX:
         dk = dk * sm_scale  # S was scaled by 1/√d in the forward
@@ -632,6 +668,11 @@ def _attn_bwd_dkdv(
         dv = dv * (sm_scale / N_CTX)
     _store_tile(DK, dk, offs_n, offs_d, N_CTX, HEAD_DIM)
     _store_tile(DV, dv, offs_n, offs_d, N_CTX, HEAD_DIM)
+
+
+# one kernel, two autotuners: dK, dV only (dQ by _attn_bwd_dq), or dK, dV and an atomic dQ
+_attn_bwd_dkdv = _autotune("dkdv")(_attn_bwd_kv)
+_attn_bwd_dkdvq = _autotune("dkdvq", reset_to_zero=["DQ"])(_attn_bwd_kv)
 
 
 @triton.jit
@@ -901,10 +942,10 @@ def _forward(q, k, v, is_causal: bool, softmax: bool):
     return o, lse
 
 
-def _backward(do, q, k, v, o, lse, is_causal: bool, softmax: bool):
+def _backward(do, q, k, v, o, lse, is_causal: bool, softmax: bool, atomic_dq: bool = False):
     batch, heads, n, d = q.shape
     args = _kernel_args(q)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
     sm_scale = 1.0 / math.sqrt(d)
     if softmax:
         delta = torch.empty_like(lse)
@@ -922,29 +963,40 @@ def _backward(do, q, k, v, o, lse, is_causal: bool, softmax: bool):
         return (triton.cdiv(n, meta["BLOCK_M"]), batch * heads)
 
     _tma_scratch(q.device)
-    _attn_bwd_dkdv[grid_n](q, k, v, do, lse, delta, dk, dv, sm_scale, **args, IS_CAUSAL=is_causal, SOFTMAX=softmax)
+    if atomic_dq and not torch.are_deterministic_algorithms_enabled():
+        dq32 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        # Hopper's bulk tensor reduction where descriptors can be used (measured faster than
+        # per-element atomics at every shape tried on an H100), per-element atomics elsewhere
+        reduce = 2 if not _INTERPRET and tma_loads_possible(q, k, v, do) else 1
+        _attn_bwd_dkdvq[grid_n](
+            q, k, v, do, lse, delta, dk, dv, dq32, sm_scale, **args, IS_CAUSAL=is_causal, SOFTMAX=softmax, ATOMIC_DQ=reduce
+        )
+        dq32 *= sm_scale if softmax else sm_scale / n
+        return dq32.to(q.dtype), dk, dv
+    dq = torch.empty_like(q)
+    _attn_bwd_dkdv[grid_n](q, k, v, do, lse, delta, dk, dv, dk, sm_scale, **args, IS_CAUSAL=is_causal, SOFTMAX=softmax, ATOMIC_DQ=0)
     _attn_bwd_dq[grid_m](q, k, v, do, lse, delta, dq, sm_scale, **args, IS_CAUSAL=is_causal, SOFTMAX=softmax)
     return dq, dk, dv
 
 
 class _FusedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, is_causal: bool, softmax: bool):
+    def forward(ctx, q, k, v, is_causal: bool, softmax: bool, atomic_dq: bool = False):
         _check(q, k, v)
         shape = q.shape
         q4, k4, v4 = _as_bhnd(q), _as_bhnd(k), _as_bhnd(v)
         o, lse = _forward(q4, k4, v4, is_causal, softmax)
         # relu's backward needs neither O nor L
         ctx.save_for_backward(q4, k4, v4, o if softmax else None, lse if softmax else None)
-        ctx.shape, ctx.is_causal, ctx.softmax = shape, is_causal, softmax
+        ctx.shape, ctx.is_causal, ctx.softmax, ctx.atomic_dq = shape, is_causal, softmax, atomic_dq
         return o.view(shape)
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         do = do.reshape(q.shape).contiguous()
-        dq, dk, dv = _backward(do, q, k, v, o, lse, ctx.is_causal, ctx.softmax)
-        return dq.view(ctx.shape), dk.view(ctx.shape), dv.view(ctx.shape), None, None
+        dq, dk, dv = _backward(do, q, k, v, o, lse, ctx.is_causal, ctx.softmax, ctx.atomic_dq)
+        return dq.view(ctx.shape), dk.view(ctx.shape), dv.view(ctx.shape), None, None, None
 
 
 # ----------------------------------------------------------------------------- public API
@@ -953,9 +1005,15 @@ class _FusedAttention(torch.autograd.Function):
 
 
 @torch.compiler.disable
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
-    """softmax(q kᵀ/√d) v with FlashAttention-2 kernels, forward and backward in Triton."""
-    return _FusedAttention.apply(q, k, v, is_causal, True)
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, *, atomic_dq: bool = False) -> torch.Tensor:
+    """softmax(q kᵀ/√d) v with FlashAttention-2 kernels, forward and backward in Triton.
+
+    atomic_dq: one backward kernel, which adds each key tile's share of dQ into an fp32 buffer
+    with atomic adds (5 matmuls per tile pair instead of 7), as FlashAttention-2's CUDA backward
+    does; the order of those additions, and so dQ's last bits, vary from run to run. Under
+    torch.use_deterministic_algorithms(True) the two-kernel backward runs instead.
+    """
+    return _FusedAttention.apply(q, k, v, is_causal, True, atomic_dq)
 
 
 @torch.compiler.disable

@@ -693,8 +693,13 @@ def unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
 
 
 def use_warp_specialize(causal: bool) -> bool:
-    """Where the tutorial's benchmark turns warp specialization on: Blackwell, and Hopper's non-causal forward."""
-    return is_blackwell() or (is_hopper() and not causal)
+    """Where we turn the tutorial's warp specialization on: Blackwell only.
+
+    Its benchmark also runs Hopper's non-causal forward warp-specialized, but with Triton 3.6 on an
+    H100 that forward returned NaN for BLOCK_M 64, BLOCK_N 32 (test_gpu_every_forward_config_matches),
+    and its causal forward fails to compile warp-specialized ("PassManager::run failed").
+    """
+    return is_blackwell()
 
 
 def tutorial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:

@@ -12,8 +12,9 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 ACTIVATIONS = ("softmax", "relu")
 IMPLS = ("eager", "compiled", "sdpa", "triton")  # attention cores (models.attention)
 LM_IMPLS = ("eager", "sdpa", "triton")  # attention inside TransformerLM
-# tutorial: Triton's fused-attention tutorial kernel (models.triton_tutorial_attention), a reference point
-FLASH_IMPLS = ("triton", "tutorial", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "eager", "compiled")
+# tutorial: Triton's fused-attention tutorial kernel (models.triton_tutorial_attention), a reference point;
+# triton-atomic: ours with the one-kernel backward that adds dQ atomically (flash_attention(atomic_dq=True))
+FLASH_IMPLS = ("triton", "triton-atomic", "tutorial", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "eager", "compiled")
 MHA_VARIANTS = ("exact-eager", "exact-sdpa", "performer")
 PERFORMER_KERNELS = ("relu", "softmax")
 OPTIMIZERS = ("course", "fused")
@@ -27,7 +28,7 @@ def is_valid(impl: str, activation: str) -> bool:
 
 def needs_cuda(impl: str) -> bool:
     """Triton kernels (ours, and the tutorial's in the flash study) run on CUDA (on CPU only under TRITON_INTERPRET=1, for tests)."""
-    return impl in ("triton", "tutorial")
+    return impl in ("triton", "triton-atomic", "tutorial")
 
 
 # What Triton's fused-attention tutorial kernel handles (flash impl ``tutorial``,

@@ -33,7 +33,7 @@ STUDY = Study(
     extra_cells=_leaderboard,
     cell_keys=("leaderboard",),
     optional_modules={
-        "cs336sys.models.triton_attention": lambda axes: axes["impl"] == "triton",
+        "cs336sys.models.triton_attention": lambda axes: axes["impl"] in ("triton", "triton-atomic"),
         "cs336sys.models.triton_tutorial_attention": lambda axes: axes["impl"] == "tutorial",
     },
 )

@@ -2,7 +2,8 @@
 
 SDPA's backends are forced one at a time (``sdpa-flash``, ``sdpa-cudnn``,
 ``sdpa-efficient``); a backend that refuses the dtype or head size makes the
-cell ``skipped`` with SDPA's reason. ``tutorial`` is Triton's fused-attention
+cell ``skipped`` with SDPA's reason. ``triton-atomic`` is ours with the one-kernel backward
+(atomic dQ). ``tutorial`` is Triton's fused-attention
 tutorial kernel (``models.triton_tutorial_attention``), a reference point: the
 shapes it does not handle are not cells, and a direct call with one is skipped
 with the reason.
@@ -10,6 +11,7 @@ with the reason.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from typing import Any
@@ -39,6 +41,11 @@ def _flash_fn(impl: str, device: torch.device) -> tuple[Callable, Callable[[], A
         return get_attention("sdpa", "softmax"), lambda: sdpa_kernel(backend)
     if impl not in FLASH_IMPLS:
         raise ValueError(f"unknown flash implementation {impl!r}; known: {', '.join(FLASH_IMPLS)}")
+    if impl == "triton-atomic":
+        require_device(impl, device)
+        from cs336sys.models.triton_attention import flash_attention
+
+        return functools.partial(flash_attention, atomic_dq=True), nullcontext
     if impl == "tutorial":
         require_device(impl, device)
         from cs336sys.models.triton_tutorial_attention import tutorial_attention  # only its cells hash it
