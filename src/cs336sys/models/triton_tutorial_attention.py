@@ -34,8 +34,8 @@ masked, so sequences must be multiples of 128 (``variants.tutorial_unsupported``
 
 :func:`tutorial_attention` is our entry point: it refuses what the kernels do not handle with the
 reason, makes the inputs contiguous (the kernels index them as contiguous rows), uses sm_scale =
-1/√d and turns warp specialization on where the tutorial's benchmark does (Blackwell; Hopper for
-the non-causal forward).
+1/√d and turns warp specialization on for Blackwell only (the tutorial's benchmark also does for
+Hopper's non-causal forward, which gave NaN there: :func:`use_warp_specialize`).
 """
 
 # Copyright 2018-2020 Philippe Tillet
