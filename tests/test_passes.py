@@ -10,7 +10,7 @@ import pytest
 
 from cs336sys.analysis.metrics import add_derived
 from cs336sys.analysis.passes import combine_passes, widen
-from cs336sys.measure.stats import median_ci_order, trial_ci
+from cs336sys.measure.stats import log_t_interval, median_ci_order, trial_ci
 
 
 def _row(pass_index, samples, cell="c1", mode="train", phase="step", **extra):
@@ -36,8 +36,8 @@ def test_three_passes_pool_their_steps_and_take_the_widest_interval():
     assert row["n"] == 60 and row["passes"] == 3 and row["trials"] == 3
     pass_medians = [float(m) for m in row["pass_medians_ms"].split(";")]
     assert pass_medians == pytest.approx([np.median(s) for s in passes], abs=1e-4)
-    # the t-interval of the three pass medians is the widest part here: host drift between passes
-    t_low, t_high = trial_ci(pass_medians)
+    # the t-interval of the three log pass medians is the widest part here: host drift between passes
+    _, t_low, t_high = log_t_interval(pass_medians)
     o_low, o_high = median_ci_order(pooled)
     assert row["ci_low_ms"] == pytest.approx(max(min(t_low, o_low), 0.0), rel=1e-5)
     assert row["ci_high_ms"] == pytest.approx(max(t_high, o_high), rel=1e-5)  # medians stored to 4 decimals
@@ -98,12 +98,12 @@ def test_passes_without_stored_steps_use_their_medians_and_the_hull_of_their_int
     out = combine_passes(pd.DataFrame([a, b]), floor_rel=0.0).iloc[0]
     assert out["median_ms"] == pytest.approx(1.02)
     assert out["n"] == 10000
-    t_low, t_high = trial_ci([1.00, 1.04])
+    _, t_low, t_high = log_t_interval([1.00, 1.04])
     assert out["ci_low_ms"] == pytest.approx(max(min(0.99, t_low), 0.0))
     assert out["ci_high_ms"] == pytest.approx(max(1.05, t_high))
 
 
-def test_gpu_bound_cells_pool_their_drift_and_host_bound_cells_keep_their_own():
+def test_gpu_bound_cells_pool_their_drift_and_a_lone_host_bound_cell_keeps_its_own():
     from cs336sys.measure.stats import t_quantile_975
 
     rows = []
@@ -118,5 +118,25 @@ def test_gpu_bound_cells_pool_their_drift_and_host_bound_cells_keep_their_own():
     assert g["ci_high_ms"] == pytest.approx(g["median_ms"] * math.exp(half), rel=1e-6)
     own_low, own_high = trial_ci([10.0, 10.02])
     assert g["ci_high_ms"] - g["ci_low_ms"] < (own_high - own_low) / 3  # t(10) with the pool, not t(1)
-    h = out.loc["host"]
-    assert (h["ci_low_ms"], h["ci_high_ms"]) == pytest.approx((max(trial_ci([50.0, 70.0])[0], 0.0), trial_ci([50.0, 70.0])[1]))
+    h = out.loc["host"]  # alone in its class: its own two passes, t(1) on the log scale (wide, but above zero)
+    assert (h["ci_low_ms"], h["ci_high_ms"]) == pytest.approx(log_t_interval([50.0, 70.0])[1:])
+    assert h["ci_low_ms"] > 0
+
+
+def test_host_bound_cells_pool_their_drift_among_themselves():
+    from cs336sys.measure.stats import t_quantile_975
+
+    rows = []
+    for i in range(6):  # six launch-bound cells whose passes differ by 10%, one by 40%
+        r = 1.4 if i == 0 else 1.1
+        rows += [_row(k, [50.0 * r**k] * 20, cell=f"h{i}", gpu_busy_frac=0.1) for k in range(2)]
+    out = combine_passes(pd.DataFrame(rows), floor_rel=0.0, min_gpu_busy=0.9).set_index("cell_id")
+    ss = 5 * 2 * (np.log(1.1) / 2) ** 2 + 2 * (np.log(1.4) / 2) ** 2
+    s_pool = math.sqrt(ss / 6)
+    h1 = out.loc["h1"]
+    half = t_quantile_975(6) * max(s_pool, math.sqrt(2 * (np.log(1.1) / 2) ** 2)) / math.sqrt(2)
+    assert h1["ci_high_ms"] == pytest.approx(h1["median_ms"] * math.exp(half), rel=1e-6)
+    assert h1["ci_high_ms"] < log_t_interval([50.0, 55.0])[2]  # t(6) with the pool, not t(1)
+    h0 = out.loc["h0"]  # the wild one keeps its own, wider spread
+    half0 = t_quantile_975(6) * (np.log(1.4) / 2) * math.sqrt(2) / math.sqrt(2)
+    assert h0["ci_high_ms"] == pytest.approx(h0["median_ms"] * math.exp(half0), rel=1e-6)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from cs336sys.measure.stats import median_ci_order, t_quantile_975, trial_ci
+from cs336sys.measure.stats import log_t_interval, median_ci_order, paired_ratio, t_quantile_975, trial_ci
 
 PASS = "pass_index"
 KEY = ["cell_id", "mode", "phase"]
@@ -80,24 +80,28 @@ def pooled_drift(groups: Sequence[tuple[str, Sequence[float]]]) -> dict[str, tup
 def pass_interval(median: float, pass_medians: Sequence[float], pooled: tuple[float, int] | None) -> tuple[float, float] | None:
     """The between-pass part of a cell's interval.
 
-    Pooled (GPU-bound cells): median·exp(±t(df)·s/√P) on the log scale, with s the
-    larger of the pool's spread and this cell's own and df the pool's. Otherwise the
-    Student-t interval of this cell's pass medians alone (t = 12.7 with two passes:
-    wide, as a host-bound cell's drift deserves). None with one pass.
+    Pooled (the cell's drift class has at least :data:`MIN_POOL_DF` degrees of freedom):
+    median·exp(±t(df)·s/√P) on the log scale, with s the larger of the pool's spread and
+    this cell's own and df the pool's. Otherwise the Student-t interval of this cell's log
+    pass medians alone (t = 12.7 with two passes: wide, but never below zero). None with one pass.
     """
     ss, df_cell = _log_spread(pass_medians)
     if not df_cell or not (math.isfinite(median) and median > 0):
         return None
-    if pooled is None or pooled[1] < df_cell:
-        return trial_ci(pass_medians)
+    if pooled is None or pooled[1] < max(df_cell, MIN_POOL_DF):
+        _, low, high = log_t_interval(pass_medians)
+        return low, high
     s_pool, df = pooled
     half = t_quantile_975(df) * max(s_pool, math.sqrt(ss / df_cell)) / math.sqrt(df_cell + 1)
     return median * math.exp(-half), median * math.exp(half)
 
 
-# Only GPU-bound cells pool their drift: theirs is small and alike (0.2-0.7% between runs on the
-# H100); a host-bound cell's drift is its own (2% to 90%), and a pool would hide a wild one.
-POOLED = frozenset({"gpu-bound"})
+# Every drift class pools its between-pass drift, GPU-bound cells (0.2-0.7% between runs on the
+# H100) and launch-bound ones (2% to 90%) apart; a cell's own spread still wins where it is wider
+# (pass_interval), so a wild cell stays wild. A pool needs MIN_POOL_DF degrees of freedom: two
+# passes of one cell alone give one, t = 12.7, and the "[0, 129] ms" intervals of launch-bound rows.
+POOLED = frozenset({"gpu-bound", "partly host-bound", "launch-bound"})
+MIN_POOL_DF = 3
 
 
 def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, int] | None = None) -> dict:
@@ -159,6 +163,46 @@ def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, in
     return row
 
 
+GPU = "gpu_"  # prefix of the columns that time the same step replayed as CUDA graphs (studies.e2e)
+_GPU_STATS = ("median_ms", "ci_low_ms", "ci_high_ms", "n", "trials", "trial_medians_ms", "samples_ms")
+
+
+def _unprefixed(group: pd.DataFrame) -> pd.DataFrame:
+    """The passes' GPU-time columns of one (cell, mode, phase), under the names combine_timed reads."""
+    cols = [c for c in _GPU_STATS if GPU + c in group]
+    sub = (
+        group[[PASS] + [GPU + c for c in cols]].rename(columns={GPU + c: c for c in cols})
+        if PASS in group
+        else group[[GPU + c for c in cols]]
+    )
+    return sub[pd.to_numeric(sub["median_ms"], errors="coerce").notna()] if "median_ms" in sub else sub.iloc[0:0]
+
+
+def _prefixed(row: dict) -> dict:
+    return {GPU + c: row[c] for c in (*_GPU_STATS, "passes", "pass_medians_ms") if c in row}
+
+
+def combine_pairs(group: pd.DataFrame) -> dict:
+    """One paired-ratio row from the passes of one (cell, mode, phase, partner): their blocks pooled.
+
+    Each pass interleaved its own pairs of blocks; all pairs together give the ratio's
+    interval (:func:`cs336sys.measure.stats.paired_ratio`), with more degrees of freedom
+    than any one pass. A pass that could not pair (``pair_note``) adds nothing.
+    """
+    group = group.sort_values(PASS) if PASS in group else group
+    row = group.iloc[0].to_dict()
+    own = [x for v in group.get("own_blocks_ms", []) for x in _floats(v)]
+    other = [x for v in group.get("partner_blocks_ms", []) for x in _floats(v)]
+    if len(group) == 1 or not own:
+        return row
+    ratio = paired_ratio(own, other)
+    row.update(ratio=ratio.median, ratio_ci_low=ratio.low, ratio_ci_high=ratio.high, pairs=ratio.n, passes=len(group),
+               own_ms=float(np.median(own)), partner_ms=float(np.median(other)),
+               own_blocks_ms=";".join(f"{x:.4f}" for x in own), partner_blocks_ms=";".join(f"{x:.4f}" for x in other),
+               stop_reason=";".join(dict.fromkeys(str(v) for v in group["stop_reason"].dropna())))  # fmt: skip
+    return row
+
+
 def drift_class(busy: object, min_gpu_busy: float) -> str:
     """Cells pool their between-pass drift with cells whose GPU was about as busy.
 
@@ -182,12 +226,12 @@ def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0, min_gpu_busy: float
     failure rows from every pass, once per distinct failure. The interval floor
     applies to every timed row, a single pass's included.
     """
-    if df.empty or "median_ms" not in df or "status" not in df:
+    if df.empty or "status" not in df or not ({"median_ms", "kind"} & set(df)):
         return df
     if PASS not in df:
         df = df.assign(**{PASS: 0})
     ok = df["status"] == "ok"
-    timed = ok & pd.to_numeric(df["median_ms"], errors="coerce").notna()
+    timed = ok & pd.to_numeric(df.get("median_ms", pd.Series(index=df.index, dtype=float)), errors="coerce").notna()
     if "kind" in df:
         timed &= df["kind"].isna() | (df["kind"].astype(str) == "")
     df = df.assign(_order=df.groupby("cell_id", sort=False).ngroup())  # keep the cells' order of appearance
@@ -198,8 +242,18 @@ def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0, min_gpu_busy: float
         classes = [drift_class(pd.to_numeric(g.get("gpu_busy_frac"), errors="coerce").min() if "gpu_busy_frac" in g else None, min_gpu_busy)
                    for g in groups]  # fmt: skip
         pools = pooled_drift([(c, [float(m) for m in g["median_ms"]]) for c, g in zip(classes, groups) if c in POOLED])
-        parts.append(pd.DataFrame([combine_timed(g, floor_rel, pools.get(c)) for c, g in zip(classes, groups)]))
-    other = df[ok & ~timed]
+        rows = [combine_timed(g, floor_rel, pools.get(c)) for c, g in zip(classes, groups)]
+        if GPU + "median_ms" in df:  # the CUDA-graph replay of the same step: GPU-bound by construction
+            gpu = [_unprefixed(g) for g in groups]
+            gpu_pool = pooled_drift([("gpu-bound", [float(m) for m in g["median_ms"]]) for g in gpu if len(g)]).get("gpu-bound")
+            for row, g in zip(rows, gpu):
+                if len(g):
+                    row.update(_prefixed(combine_timed(g, floor_rel, gpu_pool)))
+        parts.append(pd.DataFrame(rows))
+    pairs = ok & (df["kind"].astype(str) == "pair") if "kind" in df else ok & False
+    if pairs.any():
+        parts.append(pd.DataFrame([combine_pairs(g) for _, g in df[pairs].groupby(["cell_id", "mode", "phase", "pair_with"], sort=False)]))
+    other = df[ok & ~timed & ~pairs]
     if not other.empty:
         first = other.groupby("cell_id")[PASS].transform("min")
         parts.append(other[other[PASS] == first])

@@ -65,54 +65,91 @@ def inference_step_fn(run_model, inputs, precision: str, device: torch.device):
     return step
 
 
-def lm_steps(model, run_model, inputs, targets, precision: str, device: torch.device, optimizer: str, memory_log: dict) -> dict:
-    """Mode → step function: the inference forward and the training step of one LM cell."""
-    opt = make_optimizer(optimizer, model.parameters())
+def lm_steps(model, run_model, inputs, targets, precision: str, device: torch.device, optimizer: str, memory_log: dict,
+             opt: torch.optim.Optimizer | None = None) -> dict:  # fmt: skip
+    """Mode → step function: the inference forward and the training step of one LM cell (``opt``: reuse that optimizer)."""
+    opt = opt if opt is not None else make_optimizer(optimizer, model.parameters())
     return {
         "inference": inference_step_fn(run_model, inputs, precision, device),
         "train": train_step_fn(model, run_model, opt, inputs, targets, precision, device, memory_log),
     }
 
 
-def graphed_lm_steps(model, run_model, inputs, targets, precision: str, device: torch.device) -> dict:
-    """Mode → step that replays one CUDA graph of the whole inference forward or training step.
+def graph_optimizer(name: str, model, eager: torch.optim.Optimizer | None = None) -> torch.optim.Optimizer:
+    """The optimizer a captured step runs: the eager one where its step can be captured, else a capturable twin.
 
-    The training step (forward, loss, backward, fused AdamW with ``capturable=True``,
-    so the step count lives on the GPU and every replay is a real optimizer step) is
-    the same computation as the eager step, launched as one graph: its time is what the
-    GPU needs, free of Python and launch overhead. Each graph is warmed up on a side
-    stream before capture, as CUDA graphs require. Raises RuntimeError when a mode
-    cannot be captured (the caller records why).
+    The course's AdamW keeps its step count in Python, so a captured step bakes in the
+    bias correction of the capture's step: every replay runs the same kernels with the
+    same step size, which is all a timing needs. PyTorch's fused AdamW keeps the count
+    on the GPU only with ``capturable=True``, which needs its own instance.
     """
-    opt = make_optimizer("fused", model.parameters(), capturable=True)
+    if name == "course" and eager is not None:
+        return eager
+    return make_optimizer(name, model.parameters(), **({"capturable": True} if name == "fused" else {}))
 
-    def train() -> None:
+
+def graphed_lm_steps(model, run_model, inputs, targets, precision: str, device: torch.device,
+                     opt: torch.optim.Optimizer | None = None) -> dict:  # fmt: skip
+    """Mode → step that replays one CUDA graph per phase: the GPU-bound time of each phase.
+
+    Inference is one graph (the forward). The training step is three graphs captured in
+    one memory pool and replayed in order: forward with the loss, backward, optimizer
+    step; each replay sits in ``clock.phase`` so CUDA events time it as in the eager step.
+    The phases sum to the step: the kernels are the eager step's, launched without Python
+    or launch gaps between them. ``opt`` is the optimizer to capture (default: fused AdamW,
+    capturable). Each mode is warmed up on a side stream before capture, as CUDA graphs
+    require. Raises RuntimeError when a mode cannot be captured (the caller records why).
+    """
+    opt = opt if opt is not None else make_optimizer("fused", model.parameters(), capturable=True)
+    out: dict[str, torch.Tensor] = {}
+
+    def forward_loss() -> None:
         with autocast(precision, device, cache=False):
             logits = run_model(inputs)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        loss.backward()
-        opt.step()
+            out["loss"] = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def backward() -> None:
+        out.pop("loss").backward()
 
     def inference() -> None:
         with torch.no_grad(), autocast(precision, device, cache=False):
             run_model(inputs)
 
-    graphs = {}
-    for mode, body in (("inference", inference), ("train", train)):
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                opt.zero_grad(set_to_none=True)
-                body()
-        torch.cuda.current_stream(device).wait_stream(side)
-        # as in PyTorch's whole-network recipe: gradients are None at capture, so the captured
-        # backward writes them (in the graph's pool) instead of accumulating into stale ones
-        opt.zero_grad(set_to_none=True)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            body()
-        graphs[mode] = graph
-    # A graph holds raw addresses, not references: the optimizer's state (allocated in warm-up, outside
-    # the graph's pool) must outlive it, or freed and reused memory is what a replay updates.
-    return {mode: (lambda clock, g=g, keep=(opt, inference, train): g.replay()) for mode, g in graphs.items()}
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            inference()
+            opt.zero_grad(set_to_none=True)
+            forward_loss()
+            backward()
+            opt.step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    infer = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(infer):
+        inference()
+    # as in PyTorch's whole-network recipe: gradients are None at capture, so the captured
+    # backward writes them (in the graph's pool) instead of accumulating into stale ones
+    opt.zero_grad(set_to_none=True)
+    train = [torch.cuda.CUDAGraph() for _ in range(3)]
+    with torch.cuda.graph(train[0]):
+        forward_loss()
+    pool = train[0].pool()  # the backward reads what the forward saved: one pool for the three
+    with torch.cuda.graph(train[1], pool=pool):
+        backward()
+    with torch.cuda.graph(train[2], pool=pool):
+        opt.step()
+
+    def infer_step(clock: StepClock) -> None:
+        with clock.phase("forward"):
+            infer.replay()
+
+    def train_step(clock: StepClock) -> None:
+        for name, graph in zip(("forward", "backward", "optimizer_step"), train):
+            with clock.phase(name):
+                graph.replay()
+
+    # A graph holds raw addresses, not references: what it reads (the optimizer's state,
+    # allocated in warm-up outside the pool) must outlive it.
+    infer_step.keep = train_step.keep = (opt, infer, train, out)  # type: ignore[attr-defined]
+    return {"inference": infer_step, "train": train_step}

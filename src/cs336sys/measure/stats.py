@@ -301,3 +301,34 @@ def fmt_interval(iv: Interval, digits: int = 4) -> str:
     if not iv.bounded:
         return f"{m} [—]"
     return f"{m} [{iv.low:.{digits}g}, {iv.high:.{digits}g}]"
+
+
+def log_t_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """Geometric mean of positive ``values`` and its 95% Student-t interval on the log scale.
+
+    For quantities that drift by factors (a host 30% slower for a while), the log scale
+    keeps the interval positive and symmetric in ratio: exp(mean ± t(k-1)·s/√k) of the
+    logs. Non-positive and nan values are dropped; fewer than two leave nan bounds.
+    """
+    x = np.asarray([v for v in values if math.isfinite(v) and v > 0], dtype=float)
+    if x.size == 0:
+        return (math.nan, math.nan, math.nan)
+    logs = np.log(x)
+    centre = float(math.exp(logs.mean()))
+    if x.size < 2:
+        return (centre, math.nan, math.nan)
+    half = t_quantile_975(x.size - 1) * float(logs.std(ddof=1)) / math.sqrt(x.size)
+    return (centre, centre * math.exp(-half), centre * math.exp(half))
+
+
+def paired_ratio(a_blocks: Sequence[float], b_blocks: Sequence[float]) -> Interval:
+    """Ratio a/b from interleaved blocks (a₁ b₁ a₂ b₂ …): the interval of the per-pair ratios.
+
+    Block k of ``a`` and block k of ``b`` ran back to back, so a slow stretch of the host
+    slows both and cancels in aᵢ/bᵢ; the interval is :func:`log_t_interval` of those
+    ratios (k-1 degrees of freedom), as for a paired t-test on log times. ``n`` and
+    ``trials`` hold the number of pairs. Pairs with a missing block are dropped.
+    """
+    ratios = [a / b for a, b in zip(a_blocks, b_blocks) if math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0]
+    centre, low, high = log_t_interval(ratios)
+    return Interval(centre, low, high, len(ratios), len(ratios))

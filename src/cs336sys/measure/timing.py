@@ -11,6 +11,7 @@ GPU except what the measurement needs.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -28,8 +29,12 @@ STEP = "step"  # the name under which the whole step's wall time is reported
 
 # How every study times, set once per measuring process by the cell runner from the
 # study's config section (trials, min_warmup_s, min_measure_s), so no study forwards them.
-POLICY: dict[str, float] = {"trials": 1, "min_warmup_s": 0.0, "min_measure_s": 0.0}
+# target_rel and max_measure_s: keep adding trials (or pairs of blocks) while the interval's
+# half-width exceeds target_rel of the centre, until max_measure_s of timed blocks are spent.
+POLICY: dict[str, float] = {"trials": 1, "min_warmup_s": 0.0, "min_measure_s": 0.0, "target_rel": 0.0, "max_measure_s": 0.0}
 MAX_STORED_SAMPLES = 500
+MAX_TRIALS = 200
+MIN_PAIRS = 8  # interleaved pairs before a paired ratio may stop: t(7) = 2.36, not t(1) = 12.7
 _state_sampler: Callable[[], Mapping[str, object]] | None = None
 # The time-based warm-up (min_warmup_s) is for a GPU that was idle. A timed block that starts
 # within WARM_GAP_S of this process last keeping the GPU busy (the previous mode of the same
@@ -54,11 +59,20 @@ def configure(
     trials: int | None = None,
     min_warmup_s: float | None = None,
     min_measure_s: float | None = None,
+    target_rel: float | None = None,
+    max_measure_s: float | None = None,
     state: Callable[[], Mapping[str, object]] | None = None,
 ) -> None:
     """Set this process's timing policy and the GPU/host state sampler (see :func:`time_steps`)."""
     global _state_sampler
-    for key, value in (("trials", trials), ("min_warmup_s", min_warmup_s), ("min_measure_s", min_measure_s)):
+    policy = {
+        "trials": trials,
+        "min_warmup_s": min_warmup_s,
+        "min_measure_s": min_measure_s,
+        "target_rel": target_rel,
+        "max_measure_s": max_measure_s,
+    }
+    for key, value in policy.items():
         if value is not None:
             POLICY[key] = value
     if state is not None:
@@ -170,6 +184,50 @@ class Timing:
     warmup_steps_run: int = 0  # warm-up steps actually run, time-based ones included
     first_step_s: float | None = None  # the first warm-up step: compilation, autotuning, allocator growth
     state: dict[str, object] = field(default_factory=dict)  # GPU/host state at the start and end of timing
+    stop_reason: str = "fixed"  # fixed (the configured trials), target (interval met target_rel), budget (max_measure_s spent)
+    blocks: list[dict[str, list[float]]] = field(default_factory=list, repr=False)  # each timed block's step times per phase
+
+
+def merge_timings(first: Timing, later: Timing) -> Timing:
+    """One Timing from two runs of timed blocks of the same step in one process (e.g. alone, then interleaved)."""
+    blocks = first.blocks + later.blocks
+    phases = {p: summarize([b[p] for b in blocks if p in b]) for p in first.phases if all(p in b for b in blocks)}
+    return Timing(phases=phases, warmup_s=first.warmup_s + later.warmup_s, timed_s=first.timed_s + later.timed_s,
+                  warmup_steps_run=first.warmup_steps_run + later.warmup_steps_run, first_step_s=first.first_step_s,
+                  state={**first.state, **{k: v for k, v in later.state.items() if k.startswith("end_")}},
+                  stop_reason=later.stop_reason, blocks=blocks)  # fmt: skip
+
+
+def _block(step: Callable[[StepClock], None], steps: int, min_measure_s: float, device: torch.device,
+           clock: Callable[[], float], sync: Callable[[torch.device], None]) -> dict[str, list[float]]:  # fmt: skip
+    """One timed block: ``steps`` steps (and more until ``min_measure_s``), each between two synchronisations."""
+    block: dict[str, list[float]] = defaultdict(list)
+    started = clock()
+    while len(block[STEP]) < steps or clock() - started < min_measure_s:
+        step_clock = StepClock(device, clock)
+        sync(device)
+        start = clock()
+        step(step_clock)
+        sync(device)
+        block[STEP].append((clock() - start) * 1e3)
+        for name, ms in step_clock.phase_ms().items():
+            block[name].append(ms)
+    return block
+
+
+def _warm_up(step, warmup: int, min_warmup_s: float, device, clock, sync) -> tuple[int, float | None]:
+    """Run ``warmup`` steps, the first more until ``min_warmup_s`` passed; (steps run, first step's seconds)."""
+    t0, run, first = clock(), 0, None
+    while run < warmup or clock() - t0 < min_warmup_s:
+        step(StepClock(device, clock))
+        sync(device)
+        run += 1
+        first = clock() - t0 if run == 1 else first
+    return run, first
+
+
+def _rel_half_width(low: float, high: float, centre: float) -> float:
+    return (high - low) / 2 / centre if centre > 0 and math.isfinite(low) and math.isfinite(high) else math.inf
 
 
 def time_steps(
@@ -181,6 +239,8 @@ def time_steps(
     trials: int | None = None,
     min_warmup_s: float | None = None,
     min_measure_s: float | None = None,
+    target_rel: float | None = None,
+    max_measure_s: float | None = None,
     state: Callable[[], Mapping[str, object]] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     sync: Callable[[torch.device], None] = synchronize,
@@ -194,45 +254,147 @@ def time_steps(
     Each step is timed by the wall clock between two synchronisations, each
     phase inside it by CUDA events. ``state()`` is sampled before the first and
     after the last timed block (``start_``/``end_`` columns): clocks, temperature.
+    With ``target_rel`` > 0, trials continue past ``trials`` (at least two in all)
+    while the whole step's interval is wider than ±target_rel of its median, until
+    ``max_measure_s`` of timed blocks are spent (``Timing.stop_reason`` says which):
+    a drifting host gets the samples its interval needs, a steady one stops early.
     Arguments left None come from :data:`POLICY` and the sampler of :func:`configure`.
     """
     trials = int(POLICY["trials"] if trials is None else trials)
     min_warmup_s = POLICY["min_warmup_s"] if min_warmup_s is None else min_warmup_s
     min_warmup_s = 0.0 if gpu_recently_busy() else min_warmup_s
     min_measure_s = POLICY["min_measure_s"] if min_measure_s is None else min_measure_s
+    target_rel = POLICY["target_rel"] if target_rel is None else target_rel
+    max_measure_s = POLICY["max_measure_s"] if max_measure_s is None else max_measure_s
     state = state or _state_sampler
     if steps < 1 or trials < 1:
         raise ValueError("steps and trials must be at least 1")
     samples: list[dict[str, list[float]]] = []
     warmup_s, timed_s, warmup_run, recorded, first_step_s = 0.0, 0.0, 0, {}, None
-    for trial in range(trials):
+    stop = "fixed"
+    while True:
         t0 = clock()
-        while warmup_run < warmup * (trial + 1) or (trial == 0 and clock() - t0 < min_warmup_s):
-            step(StepClock(device, clock))
-            sync(device)
-            warmup_run += 1
-            first_step_s = clock() - t0 if warmup_run == 1 else first_step_s
+        run, first = _warm_up(step, warmup, min_warmup_s if not samples else 0.0, device, clock, sync)
+        warmup_run += run
+        first_step_s = first if first_step_s is None else first_step_s
         warmup_s += clock() - t0
-        if trial == 0 and state is not None:
+        if not samples and state is not None:
             recorded.update({f"start_{k}": v for k, v in state().items()})
-        block: dict[str, list[float]] = defaultdict(list)
         started = clock()
-        while len(block[STEP]) < steps or clock() - started < min_measure_s:
-            step_clock = StepClock(device, clock)
-            sync(device)
-            start = clock()
-            step(step_clock)
-            sync(device)
-            block[STEP].append((clock() - start) * 1e3)
-            for name, ms in step_clock.phase_ms().items():
-                block[name].append(ms)
-        samples.append(block)
+        samples.append(_block(step, steps, min_measure_s, device, clock, sync))
         timed_s += clock() - started
+        if len(samples) < trials:
+            continue
+        if target_rel <= 0:
+            break
+        if len(samples) >= 2:
+            iv = summarize_trials([t[STEP] for t in samples])
+            if _rel_half_width(iv.low, iv.high, iv.median) <= target_rel:
+                stop = "target"
+                break
+        if timed_s >= max_measure_s or len(samples) >= MAX_TRIALS:
+            stop = "budget"
+            break
     mark_gpu_busy()
     if state is not None:
         recorded.update({f"end_{k}": v for k, v in state().items()})
     phases = {name: summarize([trial[name] for trial in samples]) for name in samples[0]}
-    return Timing(phases=phases, warmup_s=warmup_s, timed_s=timed_s, warmup_steps_run=warmup_run, first_step_s=first_step_s, state=recorded)
+    return Timing(phases=phases, warmup_s=warmup_s, timed_s=timed_s, warmup_steps_run=warmup_run, first_step_s=first_step_s,
+                  state=recorded, stop_reason=stop, blocks=samples)  # fmt: skip
+
+
+@dataclass
+class ArmsTiming:
+    """Interleaved timing of several arms (configurations) in one process: see :func:`time_arms`."""
+
+    arms: dict[str, Timing]  # per arm, as time_steps would give it (its blocks are its trials)
+    blocks: dict[str, dict[str, list[float]]]  # arm -> phase -> median of each block, in pair order
+    pairs: int
+    stop_reason: str
+
+    def ratio(self, a: str, b: str, phase: str = STEP):
+        """Paired ratio time(a)/time(b) of ``phase``: :func:`cs336sys.measure.stats.paired_ratio` of the blocks."""
+        from cs336sys.measure.stats import paired_ratio
+
+        return paired_ratio(self.blocks[a].get(phase, []), self.blocks[b].get(phase, []))
+
+
+def time_arms(
+    arms: Mapping[str, Callable[[StepClock], None]],
+    *,
+    warmup: int,
+    block_steps: int,
+    device: torch.device,
+    min_pairs: int = MIN_PAIRS,
+    target_rel: float | None = None,
+    max_measure_s: float | None = None,
+    min_warmup_s: float | None = None,
+    state: Callable[[], Mapping[str, object]] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    sync: Callable[[torch.device], None] = synchronize,
+) -> ArmsTiming:
+    """Time several configurations of one computation as interleaved blocks: A B C, C B A, A B C, …
+
+    Each arm is warmed up (``warmup`` steps; the first arm also until ``min_warmup_s``),
+    then every round runs one block of ``block_steps`` steps of each arm, the order
+    reversed every other round, so each arm runs first as often as last. Host drift
+    slower than a round slows every arm of it alike and cancels in the per-round
+    ratios (:meth:`ArmsTiming.ratio`): on a cloud VM whose launch-bound steps drift
+    ±20-40% over seconds to minutes, this is what makes "bf16 vs fp32" answerable.
+    Rounds continue past ``min_pairs`` while any arm's step ratio to the first arm
+    is wider than ±``target_rel``, until ``max_measure_s`` of timed blocks are spent.
+    The first arm is the cell's own configuration.
+    """
+    names = list(arms)
+    if not names or block_steps < 1 or min_pairs < 2:
+        raise ValueError("time_arms needs at least one arm, block_steps >= 1 and min_pairs >= 2")
+    target_rel = POLICY["target_rel"] if target_rel is None else target_rel
+    max_measure_s = POLICY["max_measure_s"] if max_measure_s is None else max_measure_s
+    min_warmup_s = POLICY["min_warmup_s"] if min_warmup_s is None else min_warmup_s
+    min_warmup_s = 0.0 if gpu_recently_busy() else min_warmup_s
+    state = state or _state_sampler
+    warm: dict[str, tuple[int, float | None, float]] = {}
+    for i, name in enumerate(names):
+        t0 = clock()
+        run, first = _warm_up(arms[name], warmup, min_warmup_s if i == 0 else 0.0, device, clock, sync)
+        warm[name] = (run, first, clock() - t0)
+    recorded = {f"start_{k}": v for k, v in state().items()} if state is not None else {}
+    samples: dict[str, list[dict[str, list[float]]]] = {n: [] for n in names}
+    timed = dict.fromkeys(names, 0.0)
+    rounds, stop = 0, "fixed"
+    while True:
+        order = names if rounds % 2 == 0 else names[::-1]
+        for name in order:
+            started = clock()
+            samples[name].append(_block(arms[name], block_steps, 0.0, device, clock, sync))
+            timed[name] += clock() - started
+        rounds += 1
+        if rounds < min_pairs:
+            continue
+        if target_rel <= 0 or len(names) == 1:
+            break
+        own = [statistics.median(b[STEP]) for b in samples[names[0]]]
+        from cs336sys.measure.stats import paired_ratio
+
+        widths = [paired_ratio(own, [statistics.median(b[STEP]) for b in samples[n]]) for n in names[1:]]
+        if all(_rel_half_width(w.low, w.high, w.median) <= target_rel for w in widths):
+            stop = "target"
+            break
+        if sum(timed.values()) >= max_measure_s or rounds >= MAX_TRIALS:
+            stop = "budget"
+            break
+    mark_gpu_busy()
+    if state is not None:
+        recorded.update({f"end_{k}": v for k, v in state().items()})
+    out, blocks = {}, {}
+    for name in names:
+        trials = samples[name]
+        phases = {p: summarize([t[p] for t in trials]) for p in trials[0]}
+        run, first, wall = warm[name]
+        out[name] = Timing(phases=phases, warmup_s=wall, timed_s=timed[name], warmup_steps_run=run, first_step_s=first,
+                           state=recorded, stop_reason=stop, blocks=trials)  # fmt: skip
+        blocks[name] = {p: [statistics.median(t[p]) for t in trials] for p in trials[0]}
+    return ArmsTiming(arms=out, blocks=blocks, pairs=rounds, stop_reason=stop)
 
 
 def bench_stats(
@@ -276,4 +438,5 @@ def timing_rows(timing: Timing, flops: Mapping[str, float | None], extra: Mappin
     """One row per timed phase: its statistics, its FLOPs, the warm-up, the state and ``extra`` columns."""
     for phase, stats in timing.phases.items():
         yield {"phase": phase, **stats.as_row(), "flops": flops.get(phase), "warmup_s": timing.warmup_s,
-               "timed_s": timing.timed_s, "warmup_steps_run": timing.warmup_steps_run, "first_step_s": timing.first_step_s, **timing.state, **extra}  # fmt: skip
+               "timed_s": timing.timed_s, "warmup_steps_run": timing.warmup_steps_run, "first_step_s": timing.first_step_s,
+               "stop_reason": timing.stop_reason, **timing.state, **extra}  # fmt: skip

@@ -12,6 +12,7 @@ WHERE_COLUMNS = ["mode", "phase"]  # where inside a cell a row was measured
 TIMING_COLUMNS = [
     "median_ms", "ci_low_ms", "ci_high_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "n", "trials",
     "trial_medians_ms", "samples_ms", "flops", "warmup_s", "timed_s", "warmup_steps_run", "first_step_s", "kind",
+    "stop_reason",
 ]  # fmt: skip
 PASS_COLUMNS = ["passes", "pass_medians_ms"]  # the merge's fold of a cell's passes
 RESERVED_COLUMNS = frozenset(HEAD_COLUMNS + ENV_COLUMNS + TIMING_COLUMNS + PASS_COLUMNS + ["phase"])

@@ -26,7 +26,25 @@ Axes = dict[str, Any]
 # Section keys that shape the grid or the job, not the measurement.
 JOB_KEYS = ("grid", "timeout_s", "resources", "passes")  # passes: how many jobs, not what one measures
 # Section keys of the timing policy: the cell runner sets them for measure.timing (not measure kwargs).
-TIMING_KEYS = ("trials", "min_warmup_s", "min_measure_s")
+TIMING_KEYS = ("trials", "min_warmup_s", "min_measure_s", "target_rel", "max_measure_s")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A comparison the handout asks for, timed as interleaved blocks in one process (``measure.timing.time_arms``).
+
+    A cell whose ``axis`` is ``base`` also times the configuration with ``axis`` = ``other``
+    (its *partner*), when that is a cell of the grid too or ``always``; the cell's
+    ``kind=pair`` rows hold the paired ratio base time / other time. Slow host drift
+    cancels in the ratio, where two cells measured minutes apart carry all of it.
+    """
+
+    axis: str
+    base: Any
+    other: Any
+    label: str  # how the report names the comparison, e.g. "fp32 / bf16"
+    always: bool = False  # timed even where the partner is not a cell (the CUDA-graph replay of an eager step)
+    when: Callable[[Axes], bool] | None = None  # only cells for which this holds time the partner
 
 
 @dataclass(frozen=True)
@@ -43,6 +61,7 @@ class Study:
     optional_modules: Mapping[str, Callable[[Axes], bool]] = field(default_factory=dict)  # module → runs in this cell?
     artifacts: bool = False  # measurement writes traces/snapshots: gets artifact_dir and cell_id
     cell_table: bool = True  # the report shows the per-cell timing table
+    pairs: tuple[Pair, ...] = ()  # comparisons timed inside the base cell (its measure takes ``partners``)
 
     @property
     def measure(self) -> str:
@@ -120,12 +139,28 @@ def grid(name: str, config: Mapping[str, Any]) -> dict[str, Axes]:
     return {cell_id(name, axes): axes for axes in cells(name, config[name])}
 
 
+def partners(name: str, axes: Axes, section: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The partner configurations (``{axis: other}``) that cell ``axes`` times beside itself (:class:`Pair`)."""
+    s = study(name)
+    out = []
+    for pair in s.pairs:
+        if pair.axis not in axes or axes[pair.axis] != format_value(pair.base) or (pair.when and not pair.when(axes)):
+            continue
+        partner = {**axes, pair.axis: format_value(pair.other)}
+        partner = s.canonical(partner) if s.canonical else partner
+        in_grid = pair.other in section["grid"].get(pair.axis, []) and (s.valid is None or s.valid(partner))
+        if pair.always or in_grid:
+            out.append({pair.axis: pair.other})
+    return out
+
+
 def measure_kwargs(name: str, axes: Axes, config: Mapping[str, Any]) -> dict[str, Any]:
-    """The measurement's keyword arguments: the cell's axes, its section's settings, named config keys."""
+    """The measurement's keyword arguments: the cell's axes, its section's settings, named config keys, its partners."""
     s = study(name)
     section = config[name]
     settings = {k: v for k, v in section.items() if k not in JOB_KEYS + TIMING_KEYS + s.cell_keys}
-    return {**settings, **axes, **{k: config.get(k) for k in s.config_keys}}
+    extra = {"partners": partners(name, axes, section)} if s.pairs else {}
+    return {**settings, **axes, **{k: config.get(k) for k in s.config_keys}, **extra}
 
 
 def cell_settings(name: str, axes: Axes, config: Mapping[str, Any], artifact_dir: str | None = None) -> dict[str, Any]:

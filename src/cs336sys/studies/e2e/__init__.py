@@ -1,6 +1,11 @@
 """Study ``e2e``: TransformerLM inference forward and training step (handout §1.1.3, §1.1.5, §1.3)."""
 
-from cs336sys.studies import Study
+from cs336sys.studies import Pair, Study
+
+
+def _eager(axes) -> bool:
+    return not axes["cuda_graphs"]
+
 
 STUDY = Study(
     name="e2e",
@@ -8,4 +13,12 @@ STUDY = Study(
     axes=("size", "context_length", "precision", "impl", "compile", "cuda_graphs"),
     config_keys=("extra_sizes",),
     optional_modules={"cs336sys.models.triton_attention": lambda axes: axes["impl"] == "triton"},
+    # The handout's ratios, each timed in one process as interleaved blocks (measure.timing.time_arms);
+    # in eager-launch cells: a graph cell's steps are GPU-bound, and its own intervals are tight.
+    pairs=(
+        Pair("cuda_graphs", False, True, "eager launches / CUDA graphs", always=True),  # the GPU time of every eager step
+        Pair("precision", "fp32", "bf16", "fp32 / bf16 autocast", when=_eager),
+        Pair("compile", False, True, "eager / torch.compile", when=_eager),
+        Pair("impl", "eager", "sdpa", "eager attention / SDPA", when=_eager),
+    ),
 )

@@ -2,14 +2,21 @@
 
 The training step's forward (with the loss), backward and optimizer step are
 timed by CUDA events inside the same step and the whole step by the wall clock.
-With ``cuda_graphs`` each mode is captured once and replayed: one wall time per
-step, no phase split, the GPU-bound time of the same computation. Every mode
-also records the share of its step the GPU was busy (``gpu_busy_frac``).
+With ``cuda_graphs`` each phase is captured once and replayed: the GPU-bound time
+of the same computation. Every mode also records the share of its step the GPU
+was busy (``gpu_busy_frac``).
+
+An eager cell on a GPU times more than itself, in the same process, as interleaved
+blocks (``measure.timing.time_arms``): the same step replayed as CUDA graphs (its
+``gpu_*`` columns: what the GPU needs, free of the host's drift) and each partner
+configuration that the study's pairs name (``partners``: bf16 beside fp32, SDPA
+beside eager attention…), whose paired ratios become ``kind=pair`` rows. Peak memory
+is measured first, on the cell's own configuration alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -17,10 +24,15 @@ import torch
 from cs336sys.measure import memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.flops import lm_forward_flops, phase_flops
-from cs336sys.measure.lm_steps import graphed_lm_steps, lm_steps, setup_lm
-from cs336sys.measure.timing import time_steps, timing_rows
+from cs336sys.measure.lm_steps import build_lm, graph_optimizer, graphed_lm_steps, lm_steps, setup_lm
+from cs336sys.measure.timing import STEP, StepClock, Timing, merge_timings, time_arms, time_steps, timing_rows
+from cs336sys.models.dtypes import set_matmul_precision
+from cs336sys.models.optim import make_optimizer
 from cs336sys.models.variants import MODES, needs_cuda
 from cs336sys.pipeline.rows import Skip
+
+OWN, GRAPH = "own", "cuda_graphs=1"
+NO_GRAPH_ON_CPU = "GPU time needs CUDA graphs (a CUDA device)"
 
 
 def measure(
@@ -35,11 +47,13 @@ def measure(
     cuda_graphs: bool = False,
     warmup_steps: int = 5,
     measure_steps: int = 10,
+    block_steps: int = 2,
     batch_size: int = 4,
     vocab_size: int = 10_000,
     modes: tuple[str, ...] = MODES,
     optimizer: str = "course",
     extra_sizes: Mapping[str, Mapping[str, int]] | None = None,
+    partners: Sequence[Mapping[str, Any]] = (),
     seed: int = 0,
 ) -> Iterator[dict[str, Any]]:
     if needs_cuda(impl) and device.type != "cuda":
@@ -53,30 +67,146 @@ def measure(
     run_model = torch.compile(model) if compile else model
     fwd = lm_forward_flops(spec, batch_size, context_length, vocab_size)
     memory_log: dict[str, int | None] = {}
+    opt = None
     if cuda_graphs:
         try:
-            steps = graphed_lm_steps(model, run_model, inputs, targets, precision, device)
+            own = graphed_lm_steps(model, run_model, inputs, targets, precision, device, graph_optimizer(optimizer, model))
         except RuntimeError as exc:
             if isinstance(exc, torch.OutOfMemoryError):
                 raise
             raise Skip(f"CUDA graph capture failed: {str(exc).splitlines()[0][:300]}") from exc
     else:
-        steps = lm_steps(model, run_model, inputs, targets, precision, device, optimizer, memory_log)
+        opt = make_optimizer(optimizer, model.parameters())
+        own = lm_steps(model, run_model, inputs, targets, precision, device, optimizer, memory_log, opt=opt)
     common = {
         "batch_size": batch_size,
         "tokens": batch_size * context_length,
         "params": model.num_parameters(),
         "memory_note": "" if device.type == "cuda" else memory.NO_CUDA_REASON,
+        # a graph needs a capturable optimizer; the course's is captured with its step size baked in
+        "optimizer": f"{optimizer}-captured" if cuda_graphs else optimizer,
     }
-    for mode in (m for m in MODES if m in modes):
+    run = [m for m in MODES if m in modes]
+    # 1. The cell's own configuration alone, as a cell without partners times it (the warm-up study's
+    #    cold steps included): its rows, peak memory and the GPU's busy share, before any other arm allocates.
+    alone: dict[str, tuple[Timing, dict[str, Any]]] = {}
+    for mode in run:
         context["mode"] = mode
         memory.reset_peak(device)
-        timing = time_steps(steps[mode], warmup=warmup_steps, steps=measure_steps, device=device)
-        busy = gpu_busy_share(steps[mode], device)
-        extra = {"mode": mode, **common, "peak_mem_bytes": memory.peak_allocated_bytes(device),
-                 "gpu_busy_frac": busy, "gpu_busy_note": busy_note(busy, device)}  # fmt: skip
+        # with partners, the interleaved blocks below sample until the target; alone, this block does
+        timing = time_steps(own[mode], warmup=warmup_steps, steps=measure_steps, device=device, target_rel=0.0 if partners else None)
+        busy = gpu_busy_share(own[mode], device)
+        extra = {"peak_mem_bytes": memory.peak_allocated_bytes(device), "gpu_busy_frac": busy, "gpu_busy_note": busy_note(busy, device)}
         if mode == "train":
-            # a graph needs a capturable optimizer: fused AdamW, the same update as the course's
-            extra.update(optimizer="fused-capturable" if cuda_graphs else optimizer, mem_before_bwd_bytes=memory_log.get("before_backward"))
-        yield from timing_rows(timing, phase_flops(fwd, mode), extra)
+            extra["mem_before_bwd_bytes"] = memory_log.get("before_backward")
+        alone[mode] = (timing, extra)
+    # 2. The arms timed beside it, interleaved: the CUDA-graph replay of the same step and the partners.
+    arms, notes = _arms(own, cuda_graphs, partners, device, model, run_model, inputs, targets, precision, optimizer, opt, spec,
+                        vocab_size, context_length, impl, seed)  # fmt: skip
+    for mode in run:
+        context["mode"] = mode
+        timing, extra = alone[mode]
+        result = None
+        if len(arms) > 1:
+            result = time_arms(
+                {name: steps[mode] for name, steps in arms.items()}, warmup=warmup_steps, block_steps=block_steps, device=device
+            )
+            timing = merge_timings(timing, result.arms[OWN])  # every timed block of the cell's own step
+        extra = {"mode": mode, **common, **extra, "gpu_note": notes.get(GRAPH, "")}
+        graph = result.arms.get(GRAPH) if result is not None else None
+        for row in timing_rows(timing, phase_flops(fwd, mode), extra):
+            yield {**row, **_gpu_columns(graph, row["phase"])}
+        if result is not None:
+            yield from _pair_rows(result, mode, extra["optimizer"])
+        for name, note in notes.items():
+            if name != GRAPH:
+                yield {"kind": "pair", "mode": mode, "phase": STEP, "pair_with": name, "pair_note": note}
         memory.release(device)
+
+
+def _gpu_columns(graph: Timing | None, phase: str) -> dict[str, Any]:
+    stats = graph.phases.get(phase) if graph is not None else None
+    if stats is None:
+        return {}
+    row = stats.as_row()
+    return {f"gpu_{k}": row[k] for k in ("median_ms", "ci_low_ms", "ci_high_ms", "n", "trials", "trial_medians_ms", "samples_ms")}
+
+
+def _pair_rows(result, mode: str, optimizer: str) -> Iterator[dict[str, Any]]:
+    """One row per (partner, phase): the paired ratio own / partner (above 1: the partner is faster)."""
+    for name in result.arms:
+        if name == OWN:
+            continue
+        for phase in result.blocks[OWN]:
+            if phase not in result.blocks[name]:
+                continue
+            ratio = result.ratio(OWN, name, phase)
+            own_b, other_b = result.blocks[OWN][phase], result.blocks[name][phase]
+            yield {"kind": "pair", "mode": mode, "phase": phase, "pair_with": name, "ratio": ratio.median,
+                   "ratio_ci_low": ratio.low, "ratio_ci_high": ratio.high, "pairs": ratio.n,
+                   "own_ms": result.arms[OWN].phases[phase].median_ms, "partner_ms": result.arms[name].phases[phase].median_ms,
+                   "own_blocks_ms": ";".join(f"{x:.4f}" for x in own_b), "partner_blocks_ms": ";".join(f"{x:.4f}" for x in other_b),
+                   "stop_reason": result.stop_reason, "optimizer": optimizer, "pair_note": ""}  # fmt: skip
+
+
+def _arms(own, cuda_graphs, partners, device, model, run_model, inputs, targets, precision, optimizer, opt, spec,
+          vocab_size, context_length, impl, seed) -> tuple[dict[str, dict[str, Callable[[StepClock], None]]], dict[str, str]]:  # fmt: skip
+    """Arm name → mode → step; and arm name → why it could not be built (its rows say so)."""
+    arms: dict[str, dict[str, Callable[[StepClock], None]]] = {OWN: own}
+    notes: dict[str, str] = {}
+    if any(p.get("cuda_graphs") for p in partners) and not cuda_graphs:
+        if device.type != "cuda":
+            notes[GRAPH] = NO_GRAPH_ON_CPU
+        else:
+            try:
+                arms[GRAPH] = graphed_lm_steps(model, run_model, inputs, targets, precision, device, graph_optimizer(optimizer, model, opt))
+            except (RuntimeError, torch.OutOfMemoryError) as exc:  # OOM is a RuntimeError: the eager rows still stand
+                memory.release(device)
+                why = "out of memory beside the eager step" if isinstance(exc, torch.OutOfMemoryError) else str(exc).splitlines()[0][:200]
+                notes[GRAPH] = f"GPU time not measured: CUDA graph capture failed ({why})"
+    for overrides in partners:
+        ((axis, value),) = overrides.items()
+        if axis == "cuda_graphs":
+            continue
+        name = f"{axis}={int(value) if isinstance(value, bool) else value}"
+        if name in arms or name in notes:
+            continue
+        try:
+            arms[name] = _partner(axis, value, device, model, run_model, inputs, targets, precision, optimizer, opt, spec,
+                                  vocab_size, context_length, impl, seed)  # fmt: skip
+        except Skip as exc:
+            notes[name] = str(exc)
+        except torch.OutOfMemoryError:
+            memory.release(device)
+            notes[name] = "the two arms do not fit in one process (out of memory): compare the two cells' own intervals"
+    return arms, notes
+
+
+def _partner(axis, value, device, model, run_model, inputs, targets, precision, optimizer, opt, spec, vocab_size, context_length,
+             impl, seed) -> dict[str, Callable[[StepClock], None]]:  # fmt: skip
+    """The partner configuration's steps, on the same model and batch where the axis leaves the model alone."""
+    if axis == "precision":
+        steps = lm_steps(model, run_model, inputs, targets, value, device, optimizer, {}, opt=opt)
+        return {mode: _with_precision(step, value, precision) for mode, step in steps.items()}
+    if axis == "compile":
+        return lm_steps(model, torch.compile(model) if value else model, inputs, targets, precision, device, optimizer, {}, opt=opt)
+    if axis == "impl":
+        if needs_cuda(value) and device.type != "cuda":
+            raise Skip(f"attention {value!r} needs CUDA")
+        torch.manual_seed(seed)  # the same weights as the cell's own model
+        other = build_lm(spec, vocab_size, context_length, value, device)
+        return lm_steps(other, other, inputs, targets, precision, device, optimizer, {})
+    raise ValueError(f"e2e cannot pair on axis {axis!r}")
+
+
+def _with_precision(step: Callable[[StepClock], None], precision: str, own: str) -> Callable[[StepClock], None]:
+    """Switch the matmul precision (TF32 or not) for the partner's step and back for the cell's own."""
+
+    def run(clock: StepClock) -> None:
+        set_matmul_precision(precision)
+        try:
+            step(clock)
+        finally:
+            set_matmul_precision(own)
+
+    return run

@@ -1,0 +1,206 @@
+"""Paired comparisons and GPU time per phase (issue: answers that say something on a noisy host).
+
+The paired ratio must recover a known ratio through host drift that makes two
+independently timed cells indistinguishable; sampling must stop at its target or
+its budget and say which; an e2e cell on a CPU must record why it has no GPU time;
+on a GPU the per-phase graphs must add up to the whole-step graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from cs336sys import studies as S
+from cs336sys.analysis.passes import combine_passes
+from cs336sys.measure.stats import log_t_interval, paired_ratio, ratio_interval, summarize_trials
+from cs336sys.measure.timing import STEP, time_arms, time_steps
+
+CPU = torch.device("cpu")
+
+
+class DriftingHost:
+    """A fake clock and two fake steps whose cost is ``base × drift(t)``: a host that slows down and speeds up."""
+
+    def __init__(self, costs: dict[str, float], swing: float = 0.4, period_s: float = 3.0, seed: int = 0):
+        self.now, self.costs, self.swing, self.period = 0.0, costs, swing, period_s
+        self.rng = np.random.default_rng(seed)
+
+    def clock(self) -> float:
+        return self.now
+
+    def drift(self) -> float:
+        return 1.0 + self.swing * math.sin(2 * math.pi * self.now / self.period)
+
+    def step(self, name: str):
+        def run(clock) -> None:
+            self.now += self.costs[name] * self.drift() * (1 + 0.01 * self.rng.standard_normal())
+
+        return run
+
+
+def test_paired_ratio_recovers_a_known_ratio_through_drift_that_hides_it_from_two_cells():
+    host = DriftingHost({"a": 0.010, "b": 0.008})  # a is 1.25x b; the host swings ±40% every 3 s
+    result = time_arms({"a": host.step("a"), "b": host.step("b")}, warmup=1, block_steps=2, device=CPU, min_pairs=12,
+                       target_rel=0.0, clock=host.clock, sync=lambda d: None)  # fmt: skip
+    r = result.ratio("a", "b")
+    assert r.n == 12 and r.low < 1.25 < r.high
+    assert r.half_width_rel < 0.03  # drift cancels in the pairs
+    # the same blocks compared as two independent cells: intervals that overlap, no finding
+    a = summarize_trials([b[STEP] for b in result.arms["a"].blocks])
+    b = summarize_trials([b[STEP] for b in result.arms["b"].blocks])
+    naive = ratio_interval(a, b)
+    assert not naive.bounded or math.log(naive.high / naive.low) > 4 * math.log(r.high / r.low)
+
+
+def test_interleaving_alternates_the_order_so_each_arm_leads_as_often():
+    order: list[str] = []
+    now = [0.0]
+
+    def step(name):
+        def run(clock):
+            order.append(name)
+            now[0] += 0.001
+
+        return run
+
+    time_arms({"a": step("a"), "b": step("b"), "c": step("c")}, warmup=0, block_steps=1, device=CPU, min_pairs=4,
+              target_rel=0.0, clock=lambda: now[0], sync=lambda d: None)  # fmt: skip
+    assert order == list("abccbaabccba")
+
+
+def test_pairs_stop_at_the_target_or_at_the_budget_and_say_which():
+    steady = DriftingHost({"a": 0.010, "b": 0.005}, swing=0.0)
+    done = time_arms({"a": steady.step("a"), "b": steady.step("b")}, warmup=0, block_steps=2, device=CPU, min_pairs=8,
+                     target_rel=0.05, max_measure_s=100, clock=steady.clock, sync=lambda d: None)  # fmt: skip
+    assert done.stop_reason == "target" and done.pairs == 8
+    wild = DriftingHost({"a": 0.010, "b": 0.005}, swing=0.0)
+    wild.rng = np.random.default_rng(1)
+    noisy = {"a": lambda c: setattr(wild, "now", wild.now + 0.010 * np.exp(wild.rng.normal(0, 1.0))), "b": wild.step("b")}
+    spent = time_arms(noisy, warmup=0, block_steps=1, device=CPU, min_pairs=8, target_rel=0.01, max_measure_s=0.5,
+                      clock=wild.clock, sync=lambda d: None)  # fmt: skip
+    assert spent.stop_reason == "budget" and spent.pairs >= 8
+    assert sum(t.timed_s for t in spent.arms.values()) >= 0.5
+
+
+def test_a_noisy_single_cell_gets_more_trials_until_its_target_or_budget():
+    host = DriftingHost({"a": 0.010}, swing=0.3, period_s=0.5)
+    t = time_steps(host.step("a"), warmup=0, steps=3, device=CPU, trials=1, target_rel=0.02, max_measure_s=1.0,
+                   clock=host.clock, sync=lambda d: None, state=None)  # fmt: skip
+    assert t.phases[STEP].n > 3 and len(t.phases[STEP].trial_medians_ms) > 1
+    assert t.stop_reason in ("target", "budget")
+    fixed = time_steps(host.step("a"), warmup=0, steps=3, device=CPU, trials=1, target_rel=0.0, clock=host.clock,
+                       sync=lambda d: None, state=None)  # fmt: skip
+    assert fixed.stop_reason == "fixed" and fixed.phases[STEP].n == 3
+
+
+def test_log_t_interval_stays_positive_where_a_linear_one_reaches_zero():
+    centre, low, high = log_t_interval([50.0, 90.0])
+    assert 0 < low < centre < high
+    assert centre == pytest.approx(math.sqrt(50 * 90))
+    assert paired_ratio([2.0, 4.0, 8.0], [1.0, 2.0, 4.0]).median == pytest.approx(2.0)
+    assert paired_ratio([2.0, 4.0, 8.0], [1.0, 2.0, 4.0]).half_width_rel == pytest.approx(0.0, abs=1e-12)
+
+
+def test_partners_come_from_the_study_pairs_and_the_grid():
+    section = {"grid": {"size": ["small"], "context_length": [128], "precision": ["fp32", "bf16"], "impl": ["eager"],
+                        "compile": [False], "cuda_graphs": [False]}}  # fmt: skip
+    fp32 = {"size": "small", "context_length": 128, "precision": "fp32", "impl": "eager", "compile": 0, "cuda_graphs": 0}
+    assert S.partners("e2e", fp32, section) == [{"cuda_graphs": True}, {"precision": "bf16"}]
+    assert S.partners("e2e", {**fp32, "precision": "bf16"}, section) == [{"cuda_graphs": True}]
+    assert S.partners("e2e", {**fp32, "cuda_graphs": 1}, section) == []  # a graph cell is its own GPU time
+    assert S.partners("warmup", {**fp32, "warmup_steps": 0}, section) == []  # no pairs declared
+
+
+def test_an_e2e_cell_on_a_cpu_times_its_partners_and_says_why_it_has_no_gpu_time():
+    from cs336sys.measure import timing
+    from cs336sys.studies.e2e.measure import NO_GRAPH_ON_CPU, measure
+
+    timing.configure(target_rel=0.2, max_measure_s=0.5)
+    try:
+        rows = list(measure(CPU, {}, size="tiny", context_length=16, precision="fp32", impl="eager", warmup_steps=1,
+                            measure_steps=2, batch_size=1, vocab_size=100, partners=[{"cuda_graphs": True}, {"precision": "bf16"}],
+                            extra_sizes={"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2}}))  # fmt: skip
+    finally:
+        timing.configure(target_rel=0.0, max_measure_s=0.0)
+    df = pd.DataFrame(rows)
+    timed = df[df["kind"].isna()]
+    assert set(timed["gpu_note"]) == {NO_GRAPH_ON_CPU} and "gpu_median_ms" not in df
+    pairs = df[df["kind"] == "pair"]
+    assert set(pairs["pair_with"]) == {"precision=bf16"}
+    assert set(pairs["phase"]) == {"step", "forward", "backward", "optimizer_step"}
+    assert (pairs["ratio_ci_low"] < pairs["ratio"]).all() and (pairs["ratio"] < pairs["ratio_ci_high"]).all()
+    assert (pairs["pairs"] >= 8).all()
+
+
+def test_passes_pool_the_pairs_of_a_cell():
+    def pair(k, own, other):
+        return {"study": "e2e", "cell_id": "c", "status": "ok", "error": "", "kind": "pair", "mode": "train", "phase": "step",
+                "pair_with": "precision=bf16", "own_blocks_ms": ";".join(map(str, own)),
+                "partner_blocks_ms": ";".join(map(str, other)), "stop_reason": "target", "pass_index": k}  # fmt: skip
+
+    rng = np.random.default_rng(0)
+    drift = np.exp(rng.normal(0, 0.3, 16))
+    own, other = list(20 * drift), list(10 * drift * np.exp(rng.normal(0, 0.01, 16)))
+    out = combine_passes(pd.DataFrame([pair(0, own[:8], other[:8]), pair(1, own[8:], other[8:])]))
+    row = out.iloc[0]
+    assert len(out) == 1 and row["pairs"] == 16 and row["passes"] == 2
+    assert row["ratio_ci_low"] < 2.0 < row["ratio_ci_high"] and row["ratio_ci_high"] / row["ratio_ci_low"] < 1.03
+
+
+def test_gpu_time_columns_fold_over_passes_like_the_eager_ones():
+    def row(k, eager, gpu):
+        return {"study": "e2e", "cell_id": "c", "status": "ok", "error": "", "mode": "train", "phase": "step",
+                "median_ms": float(np.median(eager)), "samples_ms": ";".join(map(str, eager)), "n": len(eager), "trials": 1,
+                "gpu_median_ms": float(np.median(gpu)), "gpu_ci_low_ms": min(gpu), "gpu_ci_high_ms": max(gpu),
+                "gpu_samples_ms": ";".join(map(str, gpu)), "gpu_n": len(gpu), "gpu_busy_frac": 0.2, "pass_index": k}  # fmt: skip
+
+    out = combine_passes(pd.DataFrame([row(0, [80, 90, 85], [29.7, 29.8, 29.75]), row(1, [60, 65, 62], [29.8, 29.9, 29.85])]))
+    r = out.iloc[0]
+    assert r["gpu_passes"] == 2 and r["gpu_n"] == 6
+    assert r["gpu_median_ms"] == pytest.approx(np.median([29.7, 29.8, 29.75, 29.8, 29.9, 29.85]))
+    assert r["gpu_ci_low_ms"] <= 29.75 and r["gpu_ci_high_ms"] >= 29.85
+    assert r["median_ms"] == pytest.approx(np.median([80, 90, 85, 60, 65, 62]))
+
+
+@pytest.mark.gpu
+def test_per_phase_graphs_add_up_to_the_step_and_match_the_graph_cell():
+    from cs336sys.measure.lm_steps import graph_optimizer, graphed_lm_steps, setup_lm
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    device = torch.device("cuda")
+    _, model, inputs, targets = setup_lm(device, "small", 128, "bf16", "sdpa", 2, 1000, None, 0)
+    steps = graphed_lm_steps(model, model, inputs, targets, "bf16", device, graph_optimizer("course", model))
+    t = time_steps(steps["train"], warmup=3, steps=30, device=device, trials=1, target_rel=0.0, min_warmup_s=0.5)
+    parts = sum(t.phases[p].median_ms for p in ("forward", "backward", "optimizer_step"))
+    assert parts == pytest.approx(t.phases[STEP].median_ms, rel=0.05)  # the step adds only its two synchronisations
+    for p in ("forward", "backward", "optimizer_step"):
+        assert t.phases[p].ci_high_ms - t.phases[p].ci_low_ms < 0.06 * t.phases[p].median_ms
+
+
+@pytest.mark.gpu
+def test_an_eager_cell_on_a_gpu_reports_gpu_time_and_tight_paired_ratios():
+    from cs336sys.measure import timing
+    from cs336sys.studies.e2e.measure import measure
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    timing.configure(target_rel=0.05, max_measure_s=4)
+    try:
+        rows = list(measure(torch.device("cuda"), {}, size="small", context_length=128, precision="fp32", impl="sdpa", batch_size=2,
+                            partners=[{"cuda_graphs": True}, {"precision": "bf16"}]))  # fmt: skip
+    finally:
+        timing.configure(target_rel=0.0, max_measure_s=0.0)
+    df = pd.DataFrame(rows)
+    timed = df[df["kind"].isna()]
+    assert timed["gpu_median_ms"].notna().all()
+    assert ((timed["gpu_ci_high_ms"] - timed["gpu_ci_low_ms"]) / timed["gpu_median_ms"] < 0.06).all()
+    assert (timed["gpu_median_ms"] < timed["median_ms"]).all()  # the eager step adds launches, never removes work
+    pairs = df[df["kind"] == "pair"]
+    assert set(pairs["pair_with"]) == {"cuda_graphs=1", "precision=bf16"}
+    assert ((pairs["ratio_ci_high"] - pairs["ratio_ci_low"]) / pairs["ratio"] < 0.3).all()
