@@ -104,11 +104,10 @@ def test_merge_cells_keeps_every_status_orders_columns_and_adds_metrics(tmp_path
     oom_axes = {**base, "seq_len": 128}
     oom = dict(oom_axes, cell_id=S.cell_id("attention", oom_axes), status="oom", error="CUDA out of memory", mode="train")
     paths = []
-    for i, row in enumerate([ok, oom]):
-        paths.append(tmp_path / f"cell{i}.csv")
+    for row in [ok, oom]:
+        paths.append(tmp_path / f"{row['cell_id']}.csv")  # named as the workflow names a cell's file
         write_csv_atomic(pd.DataFrame([row]), paths[-1])
-    (tmp_path / "empty.csv").write_text("study,cell_id,status,error\n")
-    merged = merge_cells([*paths, tmp_path / "empty.csv"], "attention")
+    merged = merge_cells(paths, "attention")  # a header-only file is an error now (test_bad_cells), not dropped
     assert merged["status"].tolist() == ["ok", "oom"]
     cols = list(merged.columns)
     assert cols[:4] == HEAD_COLUMNS

@@ -56,8 +56,8 @@ def load_run(results_dir: Path) -> dict[str, pd.DataFrame]:
     """Study name → merged frame, from every ``<results_dir>/*.csv`` that has a ``study`` column.
 
     Each file loads through ``tables.load_study``: an old run's columns (``ctx``, ``attn``, …) get the
-    current names and its cell ids are rebuilt. The environment columns are read as text (a commit
-    ``1234567`` or CUDA ``12.10`` must not turn into a number)."""
+    current names and its cell ids are rebuilt; the environment columns come back as text (a commit
+    ``1234567`` or CUDA ``12.10`` must not turn into a number: ``rows.TEXT_COLUMNS``)."""
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise FileNotFoundError(f"no run directory {results_dir}")
@@ -68,8 +68,6 @@ def load_run(results_dir: Path) -> dict[str, pd.DataFrame]:
         df = load_study(path)
         if "study" not in df.columns:
             continue
-        if env := [f for f in ENV_FIELDS if f in df.columns]:
-            df[env] = pd.read_csv(path, usecols=env, dtype=str).to_numpy()  # load_study keeps the row order
         df["study"] = df["study"].fillna(path.stem).astype(str)
         for name, group in df.groupby("study", sort=False):
             parts.setdefault(str(name), []).append(group)

@@ -1,5 +1,10 @@
 """Reading and merging result CSVs: the one place per-cell files become a study table.
 
+Cell CSVs are checked against the row contract as they are merged
+(:mod:`cs336sys.analysis.cellcheck`): a bad one stops the merge, named. Text columns
+(commits, hosts, versions, cell ids: :data:`cs336sys.pipeline.rows.TEXT_COLUMNS`)
+are read as text from cell and merged CSVs alike.
+
 Runs committed before the axes got one name each (``ctx``, ``attn``, ``seq``,
 …) still load: :data:`ALIASES` renames their columns and their cell ids are
 rebuilt from the axes, so old and new runs compare cell by cell.
@@ -12,9 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from cs336sys.analysis.cellcheck import read_cells
 from cs336sys.analysis.metrics import add_derived
 from cs336sys.analysis.passes import combine_passes
-from cs336sys.pipeline.rows import Status, order_columns
+from cs336sys.pipeline.rows import Status, order_columns, read_rows
 from cs336sys.studies import cell_id
 from cs336sys.studies import study as get_study
 
@@ -57,11 +63,12 @@ def merge_cells(
 ) -> pd.DataFrame:
     """One study's cell CSVs (every pass, every status) as one table with derived metrics.
 
+    Each file must hold cell ``<its stem>`` of ``study`` by the row contract, or
+    :class:`cs336sys.analysis.cellcheck.BadCellError` names every file that does not.
     The passes of a cell become one row per (cell, mode, phase), with intervals at
     least ``floor_rel`` wide (:func:`cs336sys.analysis.passes.combine_passes`).
     """
-    frames = [pd.read_csv(p) for p in paths]
-    frames = [f for f in frames if not f.empty]
+    frames = read_cells(paths, study)
     if not frames:
         return pd.DataFrame(columns=["study", "cell_id", "status", "error"])
     merged = pd.concat(frames, ignore_index=True, sort=False)
@@ -71,7 +78,8 @@ def merge_cells(
 
 
 def load_study(path: str | Path, study: str | None = None) -> pd.DataFrame:
-    df = pd.read_csv(path)
+    """A merged study CSV, text columns as text, an old run's columns renamed (:func:`upgrade`)."""
+    df = read_rows(path)
     for column in ("error", "mode", "phase"):  # empty means "none" (a failure before any part), not NaN
         if column in df:
             df[column] = df[column].astype("object").fillna("")

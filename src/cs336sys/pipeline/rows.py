@@ -9,6 +9,7 @@ measurements. No torch here: the analysis layer reads the same schema.
 from __future__ import annotations
 
 import enum
+import io
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -32,6 +33,16 @@ class Status(str, enum.Enum):
 
 STATUSES = tuple(s.value for s in Status)
 
+# Columns read back as text, never as numbers: an all-digit commit ("018351308966", about one
+# commit in 280) or a host "0042" would lose its leading zeros, CUDA "12.10" would become 12.1.
+TEXT_COLUMNS = frozenset(
+    HEAD_COLUMNS + WHERE_COLUMNS
+    + ["device", "device_name", "driver_version", "torch_version", "cuda_version", "python_version", "git_commit",
+       "host", "started_at", "finished_at", "pass_started_at", "pass_finished_at", "gpu_uuid", "gpu_state_note",
+       "cpu_model", "kind", "stop_reason"]
+)  # fmt: skip
+TEXT_SUFFIXES = ("_version", "_note")  # triton_version, mfu_note, pair_note, …
+
 
 class Skip(Exception):
     """Raised by a measurement that cannot run on this machine; the cell becomes ``skipped``."""
@@ -54,6 +65,24 @@ def rows_to_frame(rows: list[Mapping[str, Any]], axes: Iterable[str] = ()) -> pd
 
 
 def write_csv_atomic(frame: pd.DataFrame, path: str | os.PathLike) -> None:
-    """A killed run leaves no half CSV (see :mod:`cs336sys.fileio`)."""
+    """A killed run leaves no half CSV, and only a regular file is replaced (see :mod:`cs336sys.fileio`)."""
     with atomic_path(path) as tmp:
         frame.to_csv(tmp, index=False)
+
+
+def is_text_column(name: str) -> bool:
+    return name in TEXT_COLUMNS or name.endswith(TEXT_SUFFIXES)
+
+
+def _text_dtypes(columns: Iterable[str]) -> dict[str, type]:
+    return {c: str for c in columns if is_text_column(c)}
+
+
+def read_rows(path: str | os.PathLike) -> pd.DataFrame:
+    """A cell or merged CSV, its text columns (:data:`TEXT_COLUMNS`) as text and the rest inferred; empty cells are NaN."""
+    return pd.read_csv(path, dtype=_text_dtypes(pd.read_csv(path, nrows=0).columns))
+
+
+def parse_rows(text: str) -> pd.DataFrame:
+    """:func:`read_rows` of a CSV already in memory."""
+    return pd.read_csv(io.StringIO(text), dtype=_text_dtypes(pd.read_csv(io.StringIO(text), nrows=0).columns))
