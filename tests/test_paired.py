@@ -17,8 +17,9 @@ import torch
 
 from cs336sys import studies as S
 from cs336sys.analysis.passes import combine_passes
+from cs336sys.measure.interleave import time_arms
 from cs336sys.measure.stats import log_t_interval, paired_ratio, ratio_interval, summarize_trials
-from cs336sys.measure.timing import STEP, time_arms, time_steps
+from cs336sys.measure.timing import STEP, time_steps
 
 CPU = torch.device("cpu")
 

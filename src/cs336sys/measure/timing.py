@@ -34,7 +34,6 @@ STEP = "step"  # the name under which the whole step's wall time is reported
 POLICY: dict[str, float] = {"trials": 1, "min_warmup_s": 0.0, "min_measure_s": 0.0, "target_rel": 0.0, "max_measure_s": 0.0}
 MAX_STORED_SAMPLES = 500
 MAX_TRIALS = 200
-MIN_PAIRS = 8  # interleaved pairs before a paired ratio may stop: t(7) = 2.36, not t(1) = 12.7
 _state_sampler: Callable[[], Mapping[str, object]] | None = None
 # The time-based warm-up (min_warmup_s) is for a GPU that was idle. A timed block that starts
 # within WARM_GAP_S of this process last keeping the GPU busy (the previous mode of the same
@@ -42,6 +41,11 @@ _state_sampler: Callable[[], Mapping[str, object]] | None = None
 # slow down still shows: every row carries its SM clock at the start of the timed block.
 WARM_GAP_S = 2.0
 _gpu_busy_at: float | None = None  # time.monotonic() when this process's GPU work last ended
+
+
+def state_sampler() -> Callable[[], Mapping[str, object]] | None:
+    """The GPU/host state sampler that :func:`configure` set for this process (None: none)."""
+    return _state_sampler
 
 
 def mark_gpu_busy() -> None:
@@ -198,7 +202,7 @@ def merge_timings(first: Timing, later: Timing) -> Timing:
                   stop_reason=later.stop_reason, blocks=blocks)  # fmt: skip
 
 
-def _block(step: Callable[[StepClock], None], steps: int, min_measure_s: float, device: torch.device,
+def timed_block(step: Callable[[StepClock], None], steps: int, min_measure_s: float, device: torch.device,
            clock: Callable[[], float], sync: Callable[[torch.device], None]) -> dict[str, list[float]]:  # fmt: skip
     """One timed block: ``steps`` steps (and more until ``min_measure_s``), each between two synchronisations."""
     block: dict[str, list[float]] = defaultdict(list)
@@ -215,7 +219,7 @@ def _block(step: Callable[[StepClock], None], steps: int, min_measure_s: float, 
     return block
 
 
-def _warm_up(step, warmup: int, min_warmup_s: float, device, clock, sync) -> tuple[int, float | None]:
+def warm_up(step, warmup: int, min_warmup_s: float, device, clock, sync) -> tuple[int, float | None]:
     """Run ``warmup`` steps, the first more until ``min_warmup_s`` passed; (steps run, first step's seconds)."""
     t0, run, first = clock(), 0, None
     while run < warmup or clock() - t0 < min_warmup_s:
@@ -226,7 +230,7 @@ def _warm_up(step, warmup: int, min_warmup_s: float, device, clock, sync) -> tup
     return run, first
 
 
-def _rel_half_width(low: float, high: float, centre: float) -> float:
+def rel_half_width(low: float, high: float, centre: float) -> float:
     return (high - low) / 2 / centre if centre > 0 and math.isfinite(low) and math.isfinite(high) else math.inf
 
 
@@ -274,14 +278,14 @@ def time_steps(
     stop = "fixed"
     while True:
         t0 = clock()
-        run, first = _warm_up(step, warmup, min_warmup_s if not samples else 0.0, device, clock, sync)
+        run, first = warm_up(step, warmup, min_warmup_s if not samples else 0.0, device, clock, sync)
         warmup_run += run
         first_step_s = first if first_step_s is None else first_step_s
         warmup_s += clock() - t0
         if not samples and state is not None:
             recorded.update({f"start_{k}": v for k, v in state().items()})
         started = clock()
-        samples.append(_block(step, steps, min_measure_s, device, clock, sync))
+        samples.append(timed_block(step, steps, min_measure_s, device, clock, sync))
         timed_s += clock() - started
         if len(samples) < trials:
             continue
@@ -289,7 +293,7 @@ def time_steps(
             break
         if len(samples) >= 2:
             iv = summarize_trials([t[STEP] for t in samples])
-            if _rel_half_width(iv.low, iv.high, iv.median) <= target_rel:
+            if rel_half_width(iv.low, iv.high, iv.median) <= target_rel:
                 stop = "target"
                 break
         if timed_s >= max_measure_s or len(samples) >= MAX_TRIALS:
@@ -301,100 +305,6 @@ def time_steps(
     phases = {name: summarize([trial[name] for trial in samples]) for name in samples[0]}
     return Timing(phases=phases, warmup_s=warmup_s, timed_s=timed_s, warmup_steps_run=warmup_run, first_step_s=first_step_s,
                   state=recorded, stop_reason=stop, blocks=samples)  # fmt: skip
-
-
-@dataclass
-class ArmsTiming:
-    """Interleaved timing of several arms (configurations) in one process: see :func:`time_arms`."""
-
-    arms: dict[str, Timing]  # per arm, as time_steps would give it (its blocks are its trials)
-    blocks: dict[str, dict[str, list[float]]]  # arm -> phase -> median of each block, in pair order
-    pairs: int
-    stop_reason: str
-
-    def ratio(self, a: str, b: str, phase: str = STEP):
-        """Paired ratio time(a)/time(b) of ``phase``: :func:`cs336sys.measure.stats.paired_ratio` of the blocks."""
-        from cs336sys.measure.stats import paired_ratio
-
-        return paired_ratio(self.blocks[a].get(phase, []), self.blocks[b].get(phase, []))
-
-
-def time_arms(
-    arms: Mapping[str, Callable[[StepClock], None]],
-    *,
-    warmup: int,
-    block_steps: int,
-    device: torch.device,
-    min_pairs: int = MIN_PAIRS,
-    target_rel: float | None = None,
-    max_measure_s: float | None = None,
-    min_warmup_s: float | None = None,
-    state: Callable[[], Mapping[str, object]] | None = None,
-    clock: Callable[[], float] = time.perf_counter,
-    sync: Callable[[torch.device], None] = synchronize,
-) -> ArmsTiming:
-    """Time several configurations of one computation as interleaved blocks: A B C, C B A, A B C, …
-
-    Each arm is warmed up (``warmup`` steps; the first arm also until ``min_warmup_s``),
-    then every round runs one block of ``block_steps`` steps of each arm, the order
-    reversed every other round, so each arm runs first as often as last. Host drift
-    slower than a round slows every arm of it alike and cancels in the per-round
-    ratios (:meth:`ArmsTiming.ratio`): on a cloud VM whose launch-bound steps drift
-    ±20-40% over seconds to minutes, this is what makes "bf16 vs fp32" answerable.
-    Rounds continue past ``min_pairs`` while any arm's step ratio to the first arm
-    is wider than ±``target_rel``, until ``max_measure_s`` of timed blocks are spent.
-    The first arm is the cell's own configuration.
-    """
-    names = list(arms)
-    if not names or block_steps < 1 or min_pairs < 2:
-        raise ValueError("time_arms needs at least one arm, block_steps >= 1 and min_pairs >= 2")
-    target_rel = POLICY["target_rel"] if target_rel is None else target_rel
-    max_measure_s = POLICY["max_measure_s"] if max_measure_s is None else max_measure_s
-    min_warmup_s = POLICY["min_warmup_s"] if min_warmup_s is None else min_warmup_s
-    min_warmup_s = 0.0 if gpu_recently_busy() else min_warmup_s
-    state = state or _state_sampler
-    warm: dict[str, tuple[int, float | None, float]] = {}
-    for i, name in enumerate(names):
-        t0 = clock()
-        run, first = _warm_up(arms[name], warmup, min_warmup_s if i == 0 else 0.0, device, clock, sync)
-        warm[name] = (run, first, clock() - t0)
-    recorded = {f"start_{k}": v for k, v in state().items()} if state is not None else {}
-    samples: dict[str, list[dict[str, list[float]]]] = {n: [] for n in names}
-    timed = dict.fromkeys(names, 0.0)
-    rounds, stop = 0, "fixed"
-    while True:
-        order = names if rounds % 2 == 0 else names[::-1]
-        for name in order:
-            started = clock()
-            samples[name].append(_block(arms[name], block_steps, 0.0, device, clock, sync))
-            timed[name] += clock() - started
-        rounds += 1
-        if rounds < min_pairs:
-            continue
-        if target_rel <= 0 or len(names) == 1:
-            break
-        own = [statistics.median(b[STEP]) for b in samples[names[0]]]
-        from cs336sys.measure.stats import paired_ratio
-
-        widths = [paired_ratio(own, [statistics.median(b[STEP]) for b in samples[n]]) for n in names[1:]]
-        if all(_rel_half_width(w.low, w.high, w.median) <= target_rel for w in widths):
-            stop = "target"
-            break
-        if sum(timed.values()) >= max_measure_s or rounds >= MAX_TRIALS:
-            stop = "budget"
-            break
-    mark_gpu_busy()
-    if state is not None:
-        recorded.update({f"end_{k}": v for k, v in state().items()})
-    out, blocks = {}, {}
-    for name in names:
-        trials = samples[name]
-        phases = {p: summarize([t[p] for t in trials]) for p in trials[0]}
-        run, first, wall = warm[name]
-        out[name] = Timing(phases=phases, warmup_s=wall, timed_s=timed[name], warmup_steps_run=run, first_step_s=first,
-                           state=recorded, stop_reason=stop, blocks=trials)  # fmt: skip
-        blocks[name] = {p: [statistics.median(t[p]) for t in trials] for p in trials[0]}
-    return ArmsTiming(arms=out, blocks=blocks, pairs=rounds, stop_reason=stop)
 
 
 def bench_stats(

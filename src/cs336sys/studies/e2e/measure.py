@@ -24,8 +24,9 @@ import torch
 from cs336sys.measure import memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.flops import lm_forward_flops, phase_flops
+from cs336sys.measure.interleave import time_arms
 from cs336sys.measure.lm_steps import build_lm, graph_optimizer, graphed_lm_steps, lm_steps, setup_lm
-from cs336sys.measure.timing import STEP, StepClock, Timing, merge_timings, time_arms, time_steps, timing_rows
+from cs336sys.measure.timing import STEP, StepClock, Timing, merge_timings, time_steps, timing_rows
 from cs336sys.models.dtypes import set_matmul_precision
 from cs336sys.models.optim import make_optimizer
 from cs336sys.models.variants import MODES, needs_cuda

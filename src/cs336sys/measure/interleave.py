@@ -1,0 +1,128 @@
+"""Several configurations of one computation timed as interleaved blocks in one process.
+
+The host drifts: on a cloud VM, launch-bound steps move ±20-40% over seconds to minutes,
+so two cells timed minutes apart (or even two blocks seconds apart) cannot tell a 10%
+difference from drift. Timing both configurations in the same process, block against
+block (A B, B A, A B, …), exposes both to the same drift; the ratio of each pair of
+blocks cancels it, and the interval of those ratios (a paired t-interval on log times,
+:func:`cs336sys.measure.stats.paired_ratio`) is what a comparison can claim. Blocks and
+warm-up are those of :func:`cs336sys.measure.timing.time_steps`, the one timing harness.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from cs336sys.measure.stats import Interval, paired_ratio
+from cs336sys.measure.timing import (
+    MAX_TRIALS,
+    POLICY,
+    STEP,
+    StepClock,
+    Timing,
+    gpu_recently_busy,
+    mark_gpu_busy,
+    rel_half_width,
+    state_sampler,
+    summarize,
+    synchronize,
+    timed_block,
+    warm_up,
+)
+
+MIN_PAIRS = 8  # interleaved pairs before a paired ratio may stop: t(7) = 2.36, not t(1) = 12.7
+
+
+@dataclass
+class ArmsTiming:
+    """Interleaved timing of several arms (configurations) in one process: see :func:`time_arms`."""
+
+    arms: dict[str, Timing]  # per arm, as time_steps would give it (its blocks are its trials)
+    blocks: dict[str, dict[str, list[float]]]  # arm -> phase -> median of each block, in pair order
+    pairs: int
+    stop_reason: str
+
+    def ratio(self, a: str, b: str, phase: str = STEP) -> Interval:
+        """Paired ratio time(a)/time(b) of ``phase``: :func:`cs336sys.measure.stats.paired_ratio` of the blocks."""
+        return paired_ratio(self.blocks[a].get(phase, []), self.blocks[b].get(phase, []))
+
+
+def time_arms(
+    arms: Mapping[str, Callable[[StepClock], None]],
+    *,
+    warmup: int,
+    block_steps: int,
+    device: torch.device,
+    min_pairs: int = MIN_PAIRS,
+    target_rel: float | None = None,
+    max_measure_s: float | None = None,
+    min_warmup_s: float | None = None,
+    state: Callable[[], Mapping[str, object]] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    sync: Callable[[torch.device], None] = synchronize,
+) -> ArmsTiming:
+    """Time several configurations of one computation as interleaved blocks: A B C, C B A, A B C, …
+
+    Each arm is warmed up (``warmup`` steps; the first arm also until ``min_warmup_s``),
+    then every round runs one block of ``block_steps`` steps of each arm, the order
+    reversed every other round, so each arm runs first as often as last. Host drift
+    slower than a round slows every arm of it alike and cancels in the per-round
+    ratios (:meth:`ArmsTiming.ratio`): on a cloud VM whose launch-bound steps drift
+    ±20-40% over seconds to minutes, this is what makes "bf16 vs fp32" answerable.
+    Rounds continue past ``min_pairs`` while any arm's step ratio to the first arm
+    is wider than ±``target_rel``, until ``max_measure_s`` of timed blocks are spent.
+    The first arm is the cell's own configuration.
+    """
+    names = list(arms)
+    if not names or block_steps < 1 or min_pairs < 2:
+        raise ValueError("time_arms needs at least one arm, block_steps >= 1 and min_pairs >= 2")
+    target_rel = POLICY["target_rel"] if target_rel is None else target_rel
+    max_measure_s = POLICY["max_measure_s"] if max_measure_s is None else max_measure_s
+    min_warmup_s = POLICY["min_warmup_s"] if min_warmup_s is None else min_warmup_s
+    min_warmup_s = 0.0 if gpu_recently_busy() else min_warmup_s
+    state = state or state_sampler()
+    warm: dict[str, tuple[int, float | None, float]] = {}
+    for i, name in enumerate(names):
+        t0 = clock()
+        run, first = warm_up(arms[name], warmup, min_warmup_s if i == 0 else 0.0, device, clock, sync)
+        warm[name] = (run, first, clock() - t0)
+    recorded = {f"start_{k}": v for k, v in state().items()} if state is not None else {}
+    samples: dict[str, list[dict[str, list[float]]]] = {n: [] for n in names}
+    timed = dict.fromkeys(names, 0.0)
+    rounds, stop = 0, "fixed"
+    while True:
+        order = names if rounds % 2 == 0 else names[::-1]
+        for name in order:
+            started = clock()
+            samples[name].append(timed_block(arms[name], block_steps, 0.0, device, clock, sync))
+            timed[name] += clock() - started
+        rounds += 1
+        if rounds < min_pairs:
+            continue
+        if target_rel <= 0 or len(names) == 1:
+            break
+        own = [statistics.median(b[STEP]) for b in samples[names[0]]]
+        widths = [paired_ratio(own, [statistics.median(b[STEP]) for b in samples[n]]) for n in names[1:]]
+        if all(rel_half_width(w.low, w.high, w.median) <= target_rel for w in widths):
+            stop = "target"
+            break
+        if sum(timed.values()) >= max_measure_s or rounds >= MAX_TRIALS:
+            stop = "budget"
+            break
+    mark_gpu_busy()
+    if state is not None:
+        recorded.update({f"end_{k}": v for k, v in state().items()})
+    out, blocks = {}, {}
+    for name in names:
+        trials = samples[name]
+        phases = {p: summarize([t[p] for t in trials]) for p in trials[0]}
+        run, first, wall = warm[name]
+        out[name] = Timing(phases=phases, warmup_s=wall, timed_s=timed[name], warmup_steps_run=run, first_step_s=first,
+                           state=recorded, stop_reason=stop, blocks=trials)  # fmt: skip
+        blocks[name] = {p: [statistics.median(t[p]) for t in trials] for p in trials[0]}
+    return ArmsTiming(arms=out, blocks=blocks, pairs=rounds, stop_reason=stop)
