@@ -39,6 +39,9 @@ KEY = ["cell_id", "mode", "phase"]
 
 
 def _floats(value: object) -> list[float]:
+    """A ``;``-joined list column's values; a one-value list comes back from CSV as a number."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [float(value)] if math.isfinite(value) else []
     if not isinstance(value, str) or not value:
         return []
     return [float(v) for v in value.split(";") if v]
