@@ -32,9 +32,10 @@ from cs336sys.pipeline.config import ConfigError, load_schema, load_yaml, valida
 # a size small enough for the CPU examples above (the built-in sizes take minutes on a CPU)
 CPU_SIZES = {"tiny-cpu": {"d_model": 64, "d_ff": 256, "num_layers": 2, "num_heads": 4}}
 SHOW_COLUMNS = [
-    "status", "mode", "phase", "median_ms", "ci_low_ms", "ci_high_ms", "n", "tflops", "mfu_pct",
-    "tokens_per_s", "peak_mem_bytes", "mem_before_bwd_bytes", "error",
+    "status", "mode", "phase", "median_ms", "95% interval", "flags", "GPU ms [95%]", "n", "trials", "stop_reason",
+    "tflops", "mfu_pct", "tokens_per_s", "peak_mem_bytes", "mem_before_bwd_bytes", "error",
 ]  # fmt: skip
+PAIR_COLUMNS = ["mode", "phase", "comparison", "ratio [95% interval]", "pairs", "stop_reason"]
 RUN_FLAGS = ("device", "timeout", "memory_fraction", "config", "csv")
 
 
@@ -190,8 +191,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--memory-fraction must be in (0, 1], got {args.memory_fraction}")
     if not 0 < args.timeout < float("inf"):
         parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    if args.csv and Path(args.csv).is_dir():
-        parser.error(f"--csv {args.csv} is a directory; name a file")
+    if args.csv:  # before measuring: the rename at the end would replace whatever is there, /dev/null included
+        from cs336sys.fileio import not_a_file
+
+        try:
+            kind = not_a_file(Path(args.csv))
+        except OSError as exc:
+            parser.error(f"--csv {args.csv}: {exc.strerror}")
+        if kind is not None:
+            parser.error(f"--csv {args.csv} is {kind}; name a file (--csv replaces only a regular file)")
     from cs336sys.pipeline.faults import FAULT_ENV, check_fault_spec
 
     try:
@@ -224,8 +232,69 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_csv_atomic(frame, args.csv)
     first = frame.iloc[0]
     print(f"# {args.study} {cell.cell_id} on {first.get('device_name', '?')} (torch {first.get('torch_version', '?')})\n")
-    print(frame[[c for c in SHOW_COLUMNS if c in frame.columns]].to_markdown(index=False, floatfmt=".4g"))
+    print(result_tables(frame, args.study))
     return 0 if (frame["status"] == "ok").all() else 1
+
+
+def _interval(low: Any, high: Any) -> str:
+    """``[low, high]`` with 4 significant digits, "" where the row has no interval."""
+    try:
+        low, high = float(low), float(high)
+    except (TypeError, ValueError):
+        return ""
+    return f"[{low:.4g}, {high:.4g}]" if low == low and high == high else ""  # x == x: not NaN
+
+
+def result_tables(frame, study: str) -> str:
+    """The printed result: one row per timed phase with its interval, its trust flags and its GPU time,
+    then the paired ratios (``kind=pair`` rows), then what the flags mean where a row carries one.
+
+    Flags are printed where the eye falls: a CPU cell run three times can give three medians
+    whose intervals exclude each other (the host drifted); each run then says ``noisy``.
+    """
+    from cs336sys.analysis.findings import describe_ratio, stopped_on_budget
+    from cs336sys.analysis.metrics import FLAG_DEFAULTS
+    from cs336sys.measure.stats import Interval
+
+    kind = frame["kind"].astype(str) if "kind" in frame else None
+    rows = frame[kind != "pair"] if kind is not None else frame
+    pairs = frame[kind == "pair"] if kind is not None else frame.iloc[0:0]
+    shown = rows.copy()
+    if {"ci_low_ms", "ci_high_ms"} <= set(shown.columns):
+        shown["95% interval"] = [_interval(lo, hi) for lo, hi in zip(shown["ci_low_ms"], shown["ci_high_ms"])]
+    flag_cols = [c for c in ("noisy", "host_bound") if c in shown]
+    trials = shown["trials"] if "trials" in shown else [None] * len(shown)
+    shown["flags"] = [", ".join([c.replace("_", "-") for c in flag_cols if r[c] is True or r[c] == 1.0]
+                                + (["one trial"] if t == 1 and r.get("median_ms") == r.get("median_ms") else []))
+                      for (_, r), t in zip(shown.iterrows(), trials)]  # fmt: skip
+    if "gpu_median_ms" in shown and shown["gpu_median_ms"].notna().any():
+        none = shown["gpu_median_ms"] * float("nan")
+        shown["GPU ms [95%]"] = [f"{m:.4g} {_interval(lo, hi)}" if m == m else "" for m, lo, hi in
+                                 zip(shown["gpu_median_ms"], shown.get("gpu_ci_low_ms", none), shown.get("gpu_ci_high_ms", none))]  # fmt: skip
+    out = [shown[[c for c in SHOW_COLUMNS if c in shown.columns]].to_markdown(index=False, floatfmt=".4g")]
+    if not pairs.empty:
+        labels = {f"{p.axis}={S.format_value(p.other)}": p.label for p in S.study(study).pairs}
+
+        def words(r) -> str:  # the ratio as the answers say it, or why the partner was not timed
+            ratio = Interval(*(float(r.get(c, "nan")) for c in ("ratio", "ratio_ci_low", "ratio_ci_high")), 0, 1)
+            if ratio.median != ratio.median:  # NaN: no ratio
+                return f"not paired: {r.get('pair_note')}"
+            return describe_ratio(ratio, budget=stopped_on_budget(r.get("stop_reason")))
+
+        table = pairs.assign(comparison=[labels.get(str(w), str(w)) for w in pairs["pair_with"]],
+                             **{"ratio [95% interval]": [words(r) for _, r in pairs.iterrows()]})  # fmt: skip
+        out += ["", "Paired ratios (this cell's time / the partner's, interleaved blocks in one process; above 1: the partner is faster):", "",
+                table[[c for c in PAIR_COLUMNS if c in table.columns]].to_markdown(index=False, floatfmt=".4g")]  # fmt: skip
+    flagged = {f.strip() for f in ", ".join(shown["flags"]).split(",") if f.strip()}
+    if flagged:
+        meaning = {"noisy": f"the 95% interval is wider than ±{FLAG_DEFAULTS['noisy_rel']:.0%} of the median: rerun with more --trials "
+                            "or a larger --max-measure-s, and compare runs by their intervals, not their medians",
+                   "host-bound": "the GPU idled for part of the step: the time measures Python and the CPU as much as the GPU "
+                                 "(the GPU ms column, where shown, is the same work replayed as CUDA graphs)",
+                   "one trial": "the interval sees the steps of one timed block only, not the host's drift between blocks, so "
+                                "a rerun minutes later can land outside it: use --trials 3 or more"}  # fmt: skip
+        out += [""] + [f"{name}: {meaning[name]}." for name in meaning if name in flagged]
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ from typing import Any
 
 from cs336sys.analysis.answers_attention import answers_13, answers_121, answers_mha
 from cs336sys.analysis.answers_common import Run, device
-from cs336sys.analysis.answers_lm import answers_113, answers_115
+from cs336sys.analysis.answers_lm import answers_113
+from cs336sys.analysis.answers_precision import answers_115
 from cs336sys.analysis.answers_profile import answers_114, answers_116
 from cs336sys.analysis.tables import load_study
 from cs336sys.fileio import write_text_atomic
@@ -36,12 +37,32 @@ SECTIONS: list[tuple[str, Callable[[Run], list[tuple[str, str]]]]] = [
 ]
 
 NOT_ANSWERED = "not answered: computing this section failed (a bug in cs336sys.analysis.answers)"
-INTRO = """\
+ANSWER_RULES = """\
+medians in ms with their 95% interval [low, high] where the run recorded one; the GPU time of a phase (the same
+phase replayed as a CUDA graph) beside its eager wall time where the run measured it; ratios paired in one
+process (interleaved blocks) where the run timed the two configurations together, else from the two cells'
+intervals by interval arithmetic. A ratio whose interval excludes 1 is a finding; one that holds 1 reads
+*no difference within ±x%* where it is tight, *unbounded* only where sampling ran out of its time budget,
+otherwise *no significant difference*, with what widened it"""
+INTRO = (
+    """\
 Each question of the handout's benchmarking sections, paraphrased in bold, then its answer computed from
-this run's merged CSVs (`results/{run}/*.csv`) by `cs336sys.analysis.answers`: medians in ms with their
-95% interval [low, high] where the run recorded one, ratios with the interval from interval arithmetic,
-and *no significant difference* where the two intervals overlap. Device: {device}. The tables, the
-definitions and the figures are in [report.md](report.md)."""
+this run's merged CSVs (`results/{run}/*.csv`) by `cs336sys.analysis.answers`. Device: {device}. The tables,
+the definitions and the figures are in [report.md](report.md).
+
+How to read the numbers: """
+    + ANSWER_RULES
+    + "."
+)
+
+
+def section_answers(run: Run, heading: str, answers: Callable[[Run], list[tuple[str, str]]]) -> list[tuple[str, str]]:
+    """One section's (question, answer) pairs; a section that fails says so instead of costing the page."""
+    try:
+        return answers(run)
+    except Exception as exc:  # one section's bug must not cost the run its other answers
+        print(f"answers: {heading} failed for run {run.name}: {exc!r}", file=sys.stderr)
+        return [("(not answered)", f"_{NOT_ANSWERED}: {type(exc).__name__}: {exc}_")]
 
 
 def build(run: Run) -> str:
@@ -50,12 +71,7 @@ def build(run: Run) -> str:
     lines += [INTRO.format(run=run.name, device=device(*run.frames.values())), ""]
     for heading, answers in SECTIONS:
         lines += [f"## {heading}", ""]
-        try:
-            qa = answers(run)
-        except Exception as exc:  # one section's bug must not cost the run its other answers
-            print(f"answers: {heading} failed: {exc!r}", file=sys.stderr)
-            qa = [("(not answered)", f"_{NOT_ANSWERED}: {type(exc).__name__}: {exc}_")]
-        for question, answer in qa:
+        for question, answer in section_answers(run, heading, answers):
             lines += [f"**{question}** {answer}", ""]
     return "\n".join(lines)
 

@@ -8,12 +8,12 @@ import re
 
 import pandas as pd
 
-from cs336sys.analysis.answers_common import Note, Run, device, first, links, listing, mib, not_measured, num, section
+from cs336sys.analysis.answers_common import Note, Run, cannot_measure, device, first, links, listing, mib, not_measured, num, section
 from cs336sys.analysis.findings import oom_frontier, paired_ratios, scaling_slopes
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.tables import ok_rows
 from cs336sys.studies.attention.report import GROUPS, PANELS, memory_check
-from cs336sys.studies.e2e.report import LM_KEYS, graph_speedup
+from cs336sys.studies.e2e.paired import PAIRED, comparison, gpu_notes
 from cs336sys.studies.flash.report import INDEX as FLASH_INDEX
 from cs336sys.studies.mha.report import GROUPS as MHA_GROUPS
 from cs336sys.studies.mha.report import METRICS
@@ -141,16 +141,15 @@ def _compile(run: Run) -> str:
                 f"eager / compiled attention training step at seq_len {top['seq_len']} (d_model {top['d_model']}): {note.ratio(top)}"
             )
     e2e = run.rows("e2e")
-    if e2e is not None and "compile" in e2e and e2e["compile"].nunique() > 1:
-        rows = ok_rows(e2e, phase="step")
-        # pairs launched the same way (eager launches first; a CUDA-graph run may have only graphed pairs)
-        keys = [k for k in LM_KEYS if k != "compile" and k in rows] + ["mode"]
-        r = paired_ratios(rows, keys, "compile", 0, 1)
-        r = r.sort_values("cuda_graphs", kind="stable") if "cuda_graphs" in r else r
-        used += ["e2e"] if not r.empty else []
+    r = comparison(e2e, "compile") if e2e is not None and "compile" in e2e else pd.DataFrame()
+    if not r.empty:
+        # paired first, then pairs launched the same way (eager launches first; a CUDA-graph run may have only graphed pairs)
+        r = r.assign(_paired=r["source"] != PAIRED).sort_values(["_paired", "cuda_graphs"], kind="stable")
+        used.append("e2e")
         graphed = lambda x: ", CUDA graphs" if int(x.get("cuda_graphs", 0) or 0) else ""  # noqa: E731
-        parts += [f"eager / compiled {x['mode']} step of {x['size']} (context {x['context_length']}, {x['precision']}, {x['impl']}{graphed(x)}): {note.ratio(x)}"
-                  for _, x in r.iterrows()][:4]  # fmt: skip
+        paired = lambda x: ", paired in one process" if x["source"] == PAIRED else ""  # noqa: E731
+        parts += [f"eager / compiled {x['mode']} step of {x['size']} (context {x['context_length']}, {x['precision']}, {x['impl']}{graphed(x)}{paired(x)}): "
+                  f"{note.compared(x, faster='compiled is faster', slower='compiled is slower')}" for _, x in r.iterrows()][:4]  # fmt: skip
     warm = run.rows("warmup")
     if not parts and warm is not None and ok_rows(warm)["compile"].nunique() > 1:
         rows = ok_rows(warm, warmup_steps=ok_rows(warm)["warmup_steps"].max())
@@ -164,20 +163,28 @@ def _compile(run: Run) -> str:
 
 def _graphs(run: Run) -> str:
     e2e = run.rows("e2e")
-    ratios = graph_speedup(e2e) if e2e is not None and "cuda_graphs" in e2e else pd.DataFrame()
+    ratios = comparison(e2e, "cuda_graphs") if e2e is not None and "cuda_graphs" in e2e else pd.DataFrame()
     if ratios.empty:
-        return not_measured("`e2e.grid.cuda_graphs: [false, true]`")
+        why = gpu_notes(e2e) if e2e is not None else []
+        return cannot_measure(f"{why[0]}; this run: {device(e2e)}") if why else not_measured("`e2e.grid.cuda_graphs: [false, true]`")
     note = Note(e2e)
     parts = [
-        f"{r['mode']} step of {r['size']} (context {r['context_length']}, {r['precision']}, {r['impl']}): {note.ratio(r)}"
+        f"{r['mode']} step of {r['size']} (context {r['context_length']}, {r['precision']}, {r['impl']}): "
+        f"{note.compared(r, faster='the graph is faster', slower='the graph is slower')}"
         for _, r in ratios.iterrows()
     ]
-    optim = (
-        " (the graph's training step uses fused, capturable AdamW; the eager one the configured optimizer)"
-        if (ratios["mode"] == "train").any()
-        else ""
-    )
-    return note.end(f"Eager launches / one replayed CUDA graph on {device(e2e)}: {'; '.join(parts)}{optim}.") + links(section("e2e"))
+    paired = (ratios["source"] == PAIRED).all()
+    if paired:
+        head = f"Eager launches / the same step replayed as CUDA graphs (one graph per phase), paired in one process on {device(e2e)}"
+        optim = " (the graph replays the same optimizer, captured)" if (ratios["mode"] == "train").any() else ""
+    else:
+        head = f"Eager launches / one replayed CUDA graph on {device(e2e)}"
+        optim = (
+            " (the graph's training step uses fused, capturable AdamW; the eager one the configured optimizer)"
+            if (ratios["mode"] == "train").any() and (ratios["source"] != PAIRED).any()
+            else ""
+        )
+    return note.end(f"{head}: {'; '.join(parts)}{optim}.") + links(section("e2e"))
 
 
 def _leaderboard(run: Run, ok: pd.DataFrame) -> tuple[tuple, str] | None:
@@ -220,7 +227,8 @@ def _flash(run: Run) -> tuple[str, str]:
             best = others.loc[others["median_ms"].idxmin(), "impl"]
             r = paired_ratios(part, FLASH_INDEX, "impl", best, "triton")
             row["fastest PyTorch / ours"] = f"{best}: {note.ratio(r.iloc[0])}" if not r.empty else "—"
-            wins += [bool(r["ratio"].iloc[0] > 1 and "no significant" not in row["fastest PyTorch / ours"])] if not r.empty else []
+            # a win: the ratio above 1 and its interval too (a run without intervals counts its ratio alone)
+            wins += [bool(r["ratio"].iloc[0] > 1 and not r["ratio_low"].iloc[0] <= 1)] if not r.empty else []
         table.append(row)
     table = pd.DataFrame(table)
     a = note.end(f"On {device(ok)}, our Triton FlashAttention-2 kernel (`triton`) is faster than the fastest PyTorch implementation "

@@ -3,7 +3,11 @@
 A number is written with its 95% interval where the row has one; an answer that shows
 a number without one ends with "(no interval recorded)" (runs measured before the
 intervals existed). Ratios go through :func:`cs336sys.analysis.findings.describe_ratio`,
-so overlapping intervals read "no significant difference", as in the report.
+as in the report: a finding where the interval excludes 1, "no difference within ±x%"
+where it holds 1 and is tight, "unbounded" only where sampling ran out of its time
+budget (with the reason), otherwise "no significant difference" with what widened it.
+Every "not measured" answer starts with :data:`NOT_MEASURED`, so a page over several
+runs (:mod:`cs336sys.analysis.handout`) can take each answer from a run that measured it.
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from cs336sys.analysis.findings import MIB, describe_ratio
+from cs336sys.analysis.findings import MIB, describe_ratio, stopped_on_budget
 from cs336sys.analysis.tables import OK
 from cs336sys.measure.stats import Interval
 from cs336sys.models.sizes import known_sizes, parameter_count
 from cs336sys.studies import report_module
 
 NO_INTERVAL = "(no interval recorded)"
+NOT_MEASURED = "_not measured in this run"  # how every answer that the run could not give begins
 
 
 @dataclass
@@ -47,7 +52,7 @@ class Run:
         if df is not None and not df.empty and "status" in df and not (df["status"] == OK).any():
             errors = sorted({str(e).splitlines()[0] for e in df.get("error", pd.Series(dtype=str)) if str(e).strip()})
             why = f"every `{study}` cell ended {'/'.join(sorted(set(df['status'])))}" + (f" ({errors[0]})" if errors else "")
-            return f"_not measured in this run: {why}._"
+            return f"{NOT_MEASURED}: {why}._"
         if df is not None and not df.empty:
             return not_measured(enable or f"`{study}`")
         return not_measured(f"`{study}` (`studies:`){', ' + enable if enable else ''}")
@@ -64,7 +69,17 @@ class Run:
 
 
 def not_measured(what: str, why: str = "") -> str:
-    return f"_not measured in this run: enable {what} in the config{f' ({why})' if why else ''}._"
+    return f"{NOT_MEASURED}: enable {what} in the config{f' ({why})' if why else ''}._"
+
+
+def cannot_measure(why: str) -> str:
+    """The "not measured" line for a question this run's device cannot answer (no setting would help)."""
+    return f"{NOT_MEASURED}: {why}._"
+
+
+def measured(answer: str) -> bool:
+    """False for a "not measured in this run" answer."""
+    return not answer.startswith(NOT_MEASURED)
 
 
 def section(study: str) -> str:
@@ -122,15 +137,31 @@ class Note:
             return f"{num(float(row['median_ms']))} ms"
         return f"{num(float(row['median_ms']))} ms [{num(float(low))}, {num(float(high))}]"
 
-    def ratio(self, row: Mapping | pd.Series) -> str:
-        """A row of ``paired_ratios``: ``1.66× [1.60, 1.72]`` or "no significant difference (…)"."""
-        text = describe_ratio(Interval(float(row["ratio"]), float(row["ratio_low"]), float(row["ratio_high"]), 0, 1))
+    def ratio(self, row: Mapping | pd.Series, *, faster: str = "", slower: str = "", budget: bool = False, why: str = "") -> str:
+        """A row of ``paired_ratios``: ``1.66× [1.60, 1.72]``, "no difference within ±x% (…)" or why it is no finding.
+
+        ``faster``/``slower``: the words after a finding above/below 1; ``budget``: sampling ran
+        out of its time budget; ``why``: what widened the interval (:func:`describe_ratio`).
+        """
+        interval = Interval(float(row["ratio"]), float(row["ratio_low"]), float(row["ratio_high"]), 0, 1)
+        text = describe_ratio(interval, faster=faster, slower=slower, budget=budget, why=why)
         if text.endswith("(no interval)"):
-            if self.recorded:
-                return f"no significant difference ({text.removesuffix(' (no interval)')}, its interval unbounded)"
+            bare = text.removesuffix(" (no interval)")
+            if self.recorded:  # an interval reaching 0 ms leaves the ratio without one: say so, and why
+                reason = f"; {why}" if why else ""
+                return f"no significant difference ({bare}; no interval: one of the two medians' intervals reaches 0 ms{reason})"
             self.bare = True
-            return text.removesuffix(" (no interval)")
+            return bare
         return text
+
+    def compared(self, row: Mapping | pd.Series, *, faster: str = "", slower: str = "", why: str = "") -> str:
+        """A row of ``studies.e2e.report.comparison``: the paired ratio, or the two cells' ratio and why they were not paired."""
+        note = row.get("pair_note")
+        note = "" if note is None or (isinstance(note, float) and math.isnan(note)) else str(note)
+        if row.get("source") == "paired" and not math.isfinite(float(row.get("ratio", math.nan))):
+            return f"not paired ({note})" if note else "—"
+        text = self.ratio(row, faster=faster, slower=slower, budget=stopped_on_budget(row.get("stop_reason")), why=why)
+        return f"{text} (from the two cells' intervals; not paired: {note})" if note else text
 
     def end(self, text: str) -> str:
         return f"{text} {NO_INTERVAL}" if self.bare else text

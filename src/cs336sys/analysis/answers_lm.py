@@ -1,5 +1,4 @@
-"""Answers of handout §1.1.3 (end-to-end timing, warm-up, the fastest configuration per size) and §1.1.5
-(mixed precision) from a run's tables."""
+"""Answers of handout §1.1.3 (end-to-end timing, warm-up, the fastest configuration per size) from a run's tables."""
 
 from __future__ import annotations
 
@@ -7,10 +6,12 @@ import math
 
 import pandas as pd
 
-from cs336sys.analysis.answers_common import Note, Run, device, first, links, listing, not_measured, pct, section, size_order, times
+from cs336sys.analysis.answers_common import Note, Run, device, first, links, listing, not_measured, num, pct, section, size_order, times
+from cs336sys.analysis.findings import stopped_on_budget
 from cs336sys.analysis.markdown import is_empty, md_table
 from cs336sys.analysis.tables import ok_rows
-from cs336sys.studies.e2e.report import NOT_SEPARATED, SEPARATED, backward_forward_ratio, bf16_speedup, describe_config, fastest_per_size
+from cs336sys.studies.e2e.paired import GRAPH_CELL, PAIRED, REPLAY, busy_words, comparison, gpu_frame, timed, why_wide
+from cs336sys.studies.e2e.report import NOT_SEPARATED, SEPARATED, backward_forward_ratio, describe_config, fastest_per_size
 from cs336sys.studies.warmup.report import warmup_effect
 
 QA = list[tuple[str, str]]
@@ -18,12 +19,19 @@ EAGER_LAUNCHES = {"compile": 0, "cuda_graphs": 0}  # the handout's plain PyTorch
 
 
 def eager_rows(df: pd.DataFrame, **where) -> pd.DataFrame:
-    """Ok rows of plain eager steps (no torch.compile, no CUDA graph) matching ``where``."""
-    rows = ok_rows(df, **where)
+    """Timed ok rows of plain eager steps (no torch.compile, no CUDA graph) matching ``where``."""
+    rows = timed(df, **where)
     for col, value in EAGER_LAUNCHES.items():
         if col in rows:
             rows = rows[rows[col] == value]
     return rows
+
+
+def eager_launches(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of steps launched eagerly: no torch.compile, no CUDA graph (where the table has those axes)."""
+    for col, value in EAGER_LAUNCHES.items():
+        df = df[df[col] == value] if col in df else df
+    return df
 
 
 def lm_slice(rows: pd.DataFrame) -> tuple | None:
@@ -50,35 +58,142 @@ def _forward_backward(run: Run) -> tuple[str, str, pd.DataFrame, tuple] | None:
     return device(part), where, part, key
 
 
+def _same_slice(df: pd.DataFrame, key: tuple) -> pd.DataFrame:
+    """Rows of one (context_length, precision, impl) slice launched eagerly (no compile, no CUDA graph)."""
+    ctx, precision, impl = key
+    if df.empty:
+        return df
+    rows = df[(df["context_length"] == ctx) & (df["precision"] == precision) & (df["impl"] == impl)]
+    for col, value in EAGER_LAUNCHES.items():
+        rows = rows[rows[col] == value] if col in rows else rows
+    return rows
+
+
+def is_wide(row: pd.Series) -> bool:
+    """True where the row's interval is wider than the `noisy` threshold (the merge's flag)."""
+    flag = row.get("noisy")
+    return bool(flag) if not is_empty(flag) else False
+
+
 def timing_per_size(run: Run) -> str:
     found = _forward_backward(run)
     if found is None:
         return run.absent("e2e", "`e2e.grid.size`")
-    dev, where, part, (ctx, precision, impl) = found
+    dev, where, part, key = found
+    e2e = run.rows("e2e")
+    gpu = _same_slice(gpu_frame(e2e), key)
+    gpu = gpu[gpu["mode"] == "train"] if not gpu.empty else gpu
     note = Note(part)
-    per_size = []
+    per_size, overhead, wide, source = [], [], {}, set()
     for size in size_order(run, part["size"]):
-        fwd, bwd = first(part, size=size, phase="forward"), first(part, size=size, phase="backward")
-        times = [f"forward {note.ms(fwd)}" if fwd is not None else "", f"backward {note.ms(bwd)}" if bwd is not None else ""]
-        per_size.append(f"{size}: {', '.join(t for t in times if t)}")
-    text = f"On {dev} ({where}), a training step's forward and backward take — {'; '.join(per_size)}."
-    ratios = backward_forward_ratio(run.rows("e2e"))
-    if not ratios.empty:
-        ratios = ratios[(ratios["context_length"] == ctx) & (ratios["precision"] == precision) & (ratios["impl"] == impl)]
-        for col, value in EAGER_LAUNCHES.items():
-            ratios = ratios[ratios[col] == value] if col in ratios else ratios
-        sizes = size_order(run, ratios["size"])
-        shown = [f"{s} {note.ratio(first(ratios, size=s))}" for s in sizes]
-        if shown:
-            text += f" Backward time / forward time: {listing(shown)}."
+        shown, extra = [], []
+        for phase in ("forward", "backward"):
+            row, replay = first(part, size=size, phase=phase), first(gpu, size=size, phase=phase) if not gpu.empty else None
+            if row is None:
+                continue
+            shown.append(f"{phase} {note.ms(row)}" + (f" (GPU {note.ms(replay)})" if replay is not None else ""))
+            if replay is not None:
+                source.add(replay["gpu_source"])
+                extra.append(f"{num(float(row['median_ms']) - float(replay['median_ms']))} ms of the {phase}")
+            why = why_wide(row) if is_wide(row) else ""
+            if why:
+                wide.setdefault(why, []).append(f"{size} {phase}")
+        per_size.append(f"{size}: {', '.join(shown)}")
+        if extra:
+            overhead.append(f"{size} {listing(extra)}")
+    gpu_words = (
+        "; GPU: the same phase replayed as a CUDA graph"
+        + (
+            " in the same process"
+            if source == {REPLAY}
+            else ", from the CUDA-graph cell of the same configuration"
+            if source == {GRAPH_CELL}
+            else ""
+        )
+        if source
+        else ""
+    )
+    text = f"On {dev} ({where}), a training step's forward and backward take (eager wall time [95% interval]{gpu_words}) — {'; '.join(per_size)}."
+    if overhead:
+        text += f" Host overhead (eager − GPU: Python, kernel launches and the gaps between them): {'; '.join(overhead)}."
+    if wide:
+        said = [f"{listing(rows)} ({why})" for why, rows in wide.items()]
+        text += f" Wide eager intervals: {'; '.join(said)}" + (" — the GPU time is the same work without the host." if source else ".")
+    text += _backward_forward_ratios(run, key, note, gpu, part)
+    ctx, precision, impl = key
     return note.end(text) + links(section("e2e"), run.figure("e2e", f"times_impl-{impl}"))
+
+
+def _backward_forward_ratios(run: Run, key: tuple, note: Note, gpu: pd.DataFrame, part: pd.DataFrame) -> str:
+    """ " Backward / forward: GPU time …; eager wall time …" for the slice of §1.1.3(a)."""
+    text = ""
+    from_gpu = _same_slice(backward_forward_ratio(gpu), key) if not gpu.empty else pd.DataFrame()
+    if not from_gpu.empty:
+        text += f" Backward / forward, GPU time: {listing([f'{s} {note.ratio(first(from_gpu, size=s))}' for s in size_order(run, from_gpu['size'])])}"
+    eager = _same_slice(backward_forward_ratio(run.rows("e2e")), key)
+    shown = []
+    for size in size_order(run, eager["size"]) if not eager.empty else []:
+        rows = part[part["size"] == size]
+        worst = rows.sort_values("ci_rel", ascending=False).iloc[0] if "ci_rel" in rows and len(rows) else None
+        why = why_wide(worst) if worst is not None and is_wide(worst) else ""
+        budget = "stop_reason" in rows and rows["stop_reason"].map(stopped_on_budget).any()
+        shown.append(f"{size} {note.ratio(first(eager, size=size), budget=budget, why=why)}")
+    if shown:
+        text += ("; eager wall time: " if text else " Backward time / forward time: ") + listing(shown)
+    return text + "." if text else ""
+
+
+STOP_WORDS = {
+    "target": "the interval met its target, `target_rel`",
+    "budget": "the time budget, `max_measure_s`, ran out first",
+    "fixed": "the configured number of trials, no target",
+}
+
+
+def _sampling(rows: pd.DataFrame) -> str:
+    """How many trials (timed blocks) each row took, grouped by why sampling stopped; "" where the run did not record it."""
+    if "stop_reason" not in rows or rows["stop_reason"].isna().all() or "trials" not in rows:
+        return ""
+    trials = pd.to_numeric(rows["trials"], errors="coerce")
+    why = rows["stop_reason"].map(lambda r: "budget" if stopped_on_budget(r) else "target" if "target" in str(r) else "fixed")
+    groups = []
+    for reason, words in STOP_WORDS.items():
+        mine = rows[(why == reason) & trials.notna()]
+        if mine.empty:
+            continue
+        t = trials[mine.index].astype(int)
+        if len(rows) <= 8 and {"size", "phase"} <= set(rows):  # few rows: each one
+            said = listing([f"{r['size']} {r['phase']} {n}" for (_, r), n in zip(mine.iterrows(), t)])
+        else:
+            said = f"{len(mine)} rows, {t.min()}–{t.max()}" if t.nunique() > 1 else f"{len(mine)} rows, {t.iloc[0]} each"
+        groups.append(f"{said} ({words})")
+    passes = pd.to_numeric(rows.get("passes", pd.Series(dtype=float)), errors="coerce").dropna()
+    over = f", over {int(passes.max())} passes" if len(passes) and passes.max() > 1 else ""
+    text = f"trials (timed blocks of steps) per row{over}, by why sampling stopped: {'; '.join(groups)}"
+    spread = [x for x in (_pass_spread(r) for _, r in rows.iterrows() if is_wide(r)) if x > 0]
+    if spread and (why != "budget").any():  # each pass met its target, yet the merged row is wide: the passes disagree
+        text += (f". The passes disagree (their medians differ by up to {pct(max(spread))}: the host drifted between them), "
+                 "which widens the merged intervals")  # fmt: skip
+    return text
+
+
+def _pass_spread(row: pd.Series) -> float:
+    """Largest / smallest pass median − 1 (0 with one pass)."""
+    medians = [float(x) for x in str(row.get("pass_medians_ms") or "").split(";") if x.strip() and x != "nan"]
+    return max(medians) / min(medians) - 1 if len(medians) > 1 and min(medians) > 0 else 0.0
+
+
+def _rel(rows: pd.DataFrame) -> pd.Series:
+    """Each row's interval half-width over its median."""
+    low, high, med = (pd.to_numeric(rows[c], errors="coerce") for c in ("ci_low_ms", "ci_high_ms", "median_ms"))
+    return ((high - low) / 2 / med).dropna()
 
 
 def variability(run: Run) -> str:
     found = _forward_backward(run)
     if found is None:
         return run.absent("e2e", "`e2e.grid.size`")
-    dev, where, part, _ = found
+    dev, where, part, key = found
     cv = (part["std_ms"] / part["mean_ms"]).dropna() if {"std_ms", "mean_ms"} <= set(part) else pd.Series(dtype=float)
     if cv.empty:
         return not_measured("`e2e`", "no step-time spread was recorded")
@@ -107,7 +222,24 @@ def variability(run: Run) -> str:
     ]
     if flags:
         text += f" ({listing(flags)})"
-    return note.end(text + ".") + links(section("e2e"))
+    text += "."
+    sampling = _sampling(part) if "stop_reason" in part and part["stop_reason"].notna().any() else ""
+    if sampling:
+        text += f" {sampling[0].upper()}{sampling[1:]}."
+    busy = [busy_words(b) for b in part.get("gpu_busy_frac", pd.Series(dtype=float)).dropna()]
+    busy_share = pd.to_numeric(part.get("gpu_busy_frac", pd.Series(dtype=float)), errors="coerce").dropna()
+    if any(busy) and len(busy_share):
+        text += (f" The eager steps are host-bound (the GPU was busy {pct(busy_share.min())}–{pct(busy_share.max())} of the step): "
+                 "their time is Python's and the kernel launches' as much as the GPU's, and moves as the host drifts.")  # fmt: skip
+    gpu = _same_slice(gpu_frame(run.rows("e2e")), key)
+    gpu = gpu[(gpu["mode"] == "train") & gpu["phase"].isin(["forward", "backward"])] if not gpu.empty else gpu
+    rel = _rel(gpu) if not gpu.empty else pd.Series(dtype=float)
+    if len(rel):
+        span = pct(rel.max()) if pct(rel.min()) == pct(rel.max()) else f"{pct(rel.min())}–{pct(rel.max())}"
+        trials = pd.to_numeric(gpu.get("trials", pd.Series(dtype=float)), errors="coerce").dropna()
+        took = f", {int(trials.min())}–{int(trials.max())} trials per row" if len(trials) else ""
+        text += f" The same phases replayed as CUDA graphs (GPU time) have intervals within ±{span} of their median{took}."
+    return note.end(text) + links(section("e2e"))
 
 
 def warmup_answer(run: Run) -> str:
@@ -202,7 +334,7 @@ def fastest_configuration(run: Run) -> str:
         f"for the {size} model at context {top['context_length']}: {describe_config(top)}{optimizer}, {note.ms(top)}, "
         f"{_mfu(top)}; {_runner_up(top, note)}."
     )
-    answer = note.end(text) + links(section("e2e"), run.figure("e2e", "mfu"))
+    answer = note.end(text + _sdpa_pairs(run, df, note)) + links(section("e2e"), run.figure("e2e", "mfu"))
     if len(best) > 1:  # every size, context and mode in which two or more configurations ran
         table = pd.DataFrame(
             {
@@ -224,62 +356,15 @@ def fastest_configuration(run: Run) -> str:
     return answer
 
 
-def accumulation(run: Run) -> str:
-    df = run.rows("precision")
-    rows = ok_rows(df, kind="accumulation") if df is not None else pd.DataFrame()
-    if rows.empty:
-        return (
-            run.absent("precision", "`precision.grid.part: [accumulation]`")
-            if df is None
-            else not_measured("`precision.grid.part: [accumulation]`")
-        )
-    parts = [f"{r.accumulator} += {r.summand} ends at {r.result:.7g} (error {r.abs_error:.3g})" for r in rows.itertuples()]
-    best, worst = rows.loc[rows["abs_error"].idxmin()], rows.loc[rows["abs_error"].idxmax()]
-    return (
-        f"The handout's accumulation loop on {device(rows)}: {'; '.join(parts)}. The smallest error comes from a "
-        f"{best['accumulator']} accumulator with {best['summand']} summands, the largest from {worst['accumulator']} += "
-        f"{worst['summand']}." + links(section("precision"))
-    )
-
-
-def autocast(run: Run) -> str:
-    df = run.rows("precision")
-    kinds = [k for k in ("autocast-bf16", "autocast-fp16") if df is not None and not ok_rows(df, kind=k).empty]
-    if not kinds:
-        setting = "`precision.grid.part: [autocast-bf16, autocast-fp16]`"
-        return run.absent("precision", setting) if df is None else not_measured(setting)
-    sentences = []
-    for kind in kinds:
-        rows = ok_rows(df, kind=kind)
-        dtypes = ", ".join(f"{r.quantity} {r.dtype}" for r in rows.itertuples())
-        sentences.append(f"Under {rows['autocast_dtype'].iloc[0]} autocast on {device(rows)}: {dtypes}.")
-    return " ".join(sentences) + links(section("precision"))
-
-
-def bf16_timings(run: Run) -> str:
-    df = run.rows("e2e")
-    setting = "`e2e.grid.precision: [fp32, bf16]`"
-    if df is None:
-        return run.absent("e2e", setting)
-    speed = bf16_speedup(df)
-    for col, value in EAGER_LAUNCHES.items():
-        speed = speed[speed[col] == value] if col in speed else speed
-    speed = speed[speed["mode"] == "train"] if not speed.empty else speed
-    if speed.empty:
-        return not_measured(setting, "no cell pair differing only in precision ran")
-    impl = max(speed["impl"].unique(), key=lambda i: ((speed["impl"] == i).sum(), i == "eager"))
-    part = speed[speed["impl"] == impl]
-    note = Note(df)
-    per_size = []
-    for size in size_order(run, part["size"]):
-        rows = part[part["size"] == size].sort_values("context_length")
-        per_size.append(f"{size} " + ", ".join(f"{note.ratio(r)} at context {r['context_length']}" for _, r in rows.iterrows()))
-    fp32 = ok_rows(df, precision="fp32")
-    text = (
-        f"On {device(fp32)}, fp32 training-step time / bf16-autocast training-step time ({impl} attention): "
-        f"{'; '.join(per_size)} (above 1×: bf16 is faster)."
-    )
-    return note.end(text) + links(section("e2e"), run.figure("e2e", "bf16_speedup"))
+def _sdpa_pairs(run: Run, df: pd.DataFrame, note: Note) -> str:
+    """ " Paired in one process, eager attention / SDPA training step: …" where the eager-attention cells timed SDPA beside them."""
+    comp = eager_launches(comparison(df, "impl"))
+    comp = comp[(comp["source"] == PAIRED) & (comp["mode"] == "train")] if not comp.empty else comp
+    if comp.empty:
+        return ""
+    said = [f"{r['size']} (context {r['context_length']}, {r['precision']}) {note.compared(r, faster='SDPA is faster', slower='SDPA is slower')}"
+            for _, r in comp.iterrows()]  # fmt: skip
+    return f" Eager attention / SDPA training step, paired in one process: {'; '.join(said)}."
 
 
 def answers_113(run: Run) -> QA:
@@ -288,12 +373,4 @@ def answers_113(run: Run) -> QA:
         ("(b) With warm-up, how variable are the timings?", variability(run)),
         ("(c) What changes without warm-up, or with only 1–2 warm-up steps?", warmup_answer(run)),
         ("(fastest configuration) Which configuration runs a step fastest, per size, and at what MFU?", fastest_configuration(run)),
-    ]
-
-
-def answers_115(run: Run) -> QA:
-    return [
-        ("(a) What do the accumulation loops give in each precision?", accumulation(run)),
-        ("(b) Which dtype does each part of the model get under autocast?", autocast(run)),
-        ("(c) How much faster is a bf16 mixed-precision step than fp32, per size?", bf16_timings(run)),
     ]

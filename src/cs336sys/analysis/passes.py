@@ -103,7 +103,7 @@ def pass_interval(median: float, pass_medians: Sequence[float], pooled: tuple[fl
 # H100) and launch-bound ones (2% to 90%) apart; a cell's own spread still wins where it is wider
 # (pass_interval), so a wild cell stays wild. A pool needs MIN_POOL_DF degrees of freedom: two
 # passes of one cell alone give one, t = 12.7, and the "[0, 129] ms" intervals of launch-bound rows.
-POOLED = frozenset({"gpu-bound", "partly host-bound", "launch-bound"})
+POOLED = frozenset({"gpu-bound", "partly host-bound", "launch-bound", "unknown"})  # unknown: a CPU run
 MIN_POOL_DF = 3
 
 

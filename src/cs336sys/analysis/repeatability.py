@@ -8,6 +8,11 @@ the relative difference, and whether either run flagged the row ``noisy`` or
 were not host-bound, and whether every row that moved by more than 5% was
 flagged in both runs — the checks a reader needs before trusting a finding.
 
+Runs that time more than eager steps are checked per study and per measure too:
+the eager rows, their GPU time (the same phase replayed as CUDA graphs: the
+``gpu_*`` columns) and the paired ratios (``kind=pair`` rows: run 2's ratio inside
+run 1's interval), each a population with its own noise (``measures.csv``).
+
     python -m cs336sys.analysis.repeatability results/h100-e2e-a results/h100-e2e-b --out report/h100-repeatability
 """
 
@@ -22,6 +27,7 @@ import pandas as pd
 
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.metrics import add_flags
+from cs336sys.analysis.passes import GPU
 from cs336sys.analysis.tables import OK, load_study
 from cs336sys.fileio import write_text_atomic
 
@@ -29,16 +35,72 @@ KEYS = ["study", "cell_id", "mode", "phase"]
 MOVED = 0.05  # a repeat that differs by more than this share must be flagged in both runs
 
 
-def _timed(run_dir: Path, flags: dict | None) -> pd.DataFrame:
+EAGER, GPU_TIME, PAIRED = "eager", "GPU time", "paired ratio"  # the measures of measures.csv
+PAIR_KEYS = KEYS + ["pair_with"]
+
+
+def _rows(run_dir: Path) -> pd.DataFrame:
+    """Every ok row of the run's merged study CSVs that carry timings."""
     frames = [load_study(p) for p in sorted(run_dir.glob("*.csv")) if not p.name.startswith(".")]
     frames = [f for f in frames if {"median_ms", "study"} <= set(f.columns)]
     if not frames:
         raise FileNotFoundError(f"{run_dir}: no merged study CSV with timings")
-    df = add_flags(pd.concat(frames, ignore_index=True), flags)
-    df = df[(df["status"] == OK) & df["median_ms"].notna()]
+    df = pd.concat(frames, ignore_index=True)
+    return df[df["status"] == OK]
+
+
+def _timed(run_dir: Path, flags: dict | None) -> pd.DataFrame:
+    df = add_flags(_rows(run_dir), flags)
+    df = df[df["median_ms"].notna()]
     if "kind" in df:
         df = df[df["kind"].isna() | (df["kind"] == "timing")]
     return df.drop_duplicates(KEYS).set_index(KEYS)
+
+
+def _measures(run_dir: Path) -> dict[str, pd.DataFrame]:
+    """Measure → rows indexed by their key, with ``value``, ``low``, ``high``: eager medians, GPU-time medians, paired ratios."""
+    df = _rows(run_dir)
+    timed = df[df["median_ms"].notna()]
+    if "kind" in timed:
+        timed = timed[timed["kind"].isna() | (timed["kind"] == "timing")]
+    out = {EAGER: timed.assign(value=timed["median_ms"], low=timed.get("ci_low_ms"), high=timed.get("ci_high_ms"))}
+    if GPU + "median_ms" in timed:
+        gpu = timed[pd.to_numeric(timed[GPU + "median_ms"], errors="coerce").notna()]
+        out[GPU_TIME] = gpu.assign(value=gpu[GPU + "median_ms"], low=gpu.get(GPU + "ci_low_ms"), high=gpu.get(GPU + "ci_high_ms"))
+    if "kind" in df and {"ratio", "pair_with"} <= set(df.columns):
+        pairs = df[(df["kind"] == "pair") & pd.to_numeric(df["ratio"], errors="coerce").notna()]
+        out[PAIRED] = pairs.assign(value=pairs["ratio"], low=pairs.get("ratio_ci_low"), high=pairs.get("ratio_ci_high"))
+    keys = {EAGER: KEYS, GPU_TIME: KEYS, PAIRED: PAIR_KEYS}
+    return {m: rows.drop_duplicates(keys[m]).set_index(keys[m]) for m, rows in out.items() if not rows.empty}
+
+
+def pair_measures(first: Path, second: Path) -> pd.DataFrame:
+    """Per measure (eager, GPU time, paired ratio): one row per key measured in both runs, run 2's value inside run 1's interval or not."""
+    a, b = _measures(first), _measures(second)
+    rows = []
+    for measure in a.keys() & b.keys():
+        ra, rb = a[measure], b[measure]
+        for key in ra.index.intersection(rb.index):
+            x, y = ra.loc[key], rb.loc[key]
+            low, high = float(x["low"]), float(x["high"])
+            rows.append({"measure": measure, **dict(zip(ra.index.names, key)), "value_a": x["value"], "low_a": low, "high_a": high,
+                         "value_b": y["value"], "b_inside_a": bool(low <= float(y["value"]) <= high),
+                         "rel_diff": float(y["value"]) / float(x["value"]) - 1})  # fmt: skip
+    order = {EAGER: 0, GPU_TIME: 1, PAIRED: 2}
+    out = pd.DataFrame(rows)
+    return out.sort_values("measure", key=lambda m: m.map(order), kind="stable").reset_index(drop=True) if not out.empty else out
+
+
+def summarize_measures(measures: pd.DataFrame) -> pd.DataFrame:
+    """Per study and measure: how many rows, the share of run 2's values inside run 1's intervals, how far they moved."""
+    if measures.empty:
+        return pd.DataFrame()
+    out = []
+    for (study, measure), part in measures.groupby(["study", "measure"], sort=False):
+        diff = part["rel_diff"].abs()
+        out.append({"study": study, "measure": measure, "n": len(part), "second_inside_first_95pct": part["b_inside_a"].mean(),
+                    "median_abs_diff": diff.median(), "max_abs_diff": diff.max(), "within_2pct": (diff <= 0.02).mean()})  # fmt: skip
+    return pd.DataFrame(out)
 
 
 def _flag(row: pd.Series, name: str) -> bool:
@@ -85,8 +147,14 @@ def summarize(pairs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def write(pairs_by_name: dict[str, pd.DataFrame], out_dir: Path, device: str) -> Path:
-    """``pairs.csv`` (every pair) and ``report.md`` (the summary per pair of runs and overall)."""
+def write(
+    pairs_by_name: dict[str, pd.DataFrame], out_dir: Path, device: str, measures_by_name: dict[str, pd.DataFrame] | None = None
+) -> Path:
+    """``pairs.csv`` (every pair) and ``report.md`` (the summary per pair of runs and overall).
+
+    ``measures_by_name`` (:func:`pair_measures` per pair of runs): where the runs have GPU-time
+    or paired-ratio rows, ``measures.csv`` and a section per study and measure as well.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     every = pd.concat([p.assign(pair=name) for name, p in pairs_by_name.items()], ignore_index=True)
     with_pair = every[["pair"] + [c for c in every.columns if c != "pair"]]
@@ -119,8 +187,29 @@ def write(pairs_by_name: dict[str, pd.DataFrame], out_dir: Path, device: str) ->
         "gpu_busy_a",
         "gpu_busy_b",
     ]
+    lines += _measure_sections(measures_by_name or {}, out_dir)
     lines += ["## Whole steps", "", md_table(steps[cols], ".4g"), ""]
     return write_text_atomic(out_dir / "report.md", "\n".join(lines))
+
+
+def _measure_sections(measures_by_name: dict[str, pd.DataFrame], out_dir: Path) -> list[str]:
+    """The per-study, per-measure section: only where a run timed more than eager rows (older runs keep their report)."""
+    frames = [m.assign(pair=name) for name, m in measures_by_name.items() if not m.empty]
+    every = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if every.empty or set(every["measure"]) == {EAGER}:
+        return []
+    write_text_atomic(out_dir / "measures.csv", every[["pair"] + [c for c in every.columns if c != "pair"]].to_csv(index=False))
+    lines = [
+        "## Per study: eager rows, GPU time and paired ratios",
+        "",
+        "`eager`: the rows above; `GPU time`: the same phases replayed as CUDA graphs (run 2's GPU-time median inside run "
+        "1's GPU-time interval); `paired ratio`: each comparison timed as interleaved blocks in one process (run 2's ratio "
+        "inside run 1's interval). Every row in `measures.csv`.",
+        "",
+    ]
+    for name, part in [("All pairs", every), *[(n, m) for n, m in measures_by_name.items() if len(measures_by_name) > 1]]:
+        lines += [f"### {name}", "", md_table(summarize_measures(part), ".3g"), ""]
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,7 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give at least two runs")
     first, *rest = args.runs
     pairs = {f"{first.name} → {r.name}": pair_runs(first, r) for r in rest}
-    print(write(pairs, args.out, args.device))
+    measures = {f"{first.name} → {r.name}": pair_measures(first, r) for r in rest}
+    print(write(pairs, args.out, args.device, measures))
     return 0
 
 

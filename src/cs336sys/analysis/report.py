@@ -63,8 +63,8 @@ def cell_table(df: pd.DataFrame, axes: Sequence[str]) -> pd.DataFrame:
     if df.empty:
         return df
     ok = ok_rows(df)
-    if "kind" in ok:
-        ok = ok[ok["kind"] == "timing"]
+    if "kind" in ok:  # timed rows: kind "timing" (profile) or empty (e2e, beside its kind=pair rows)
+        ok = ok[ok["kind"].isna() | ok["kind"].isin(["", "timing"])]
     ok = ok.dropna(subset=["median_ms"]) if "median_ms" in ok else ok.iloc[0:0]
     table = pd.DataFrame()
     if not ok.empty:

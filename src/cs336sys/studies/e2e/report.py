@@ -1,5 +1,6 @@
 """Figures and findings of study ``e2e``: times per size and context, bf16 speedup, MFU, backward/forward,
-and the fastest configuration per size."""
+the GPU time of each phase beside its eager time, the paired comparisons (``paired.py``), and the fastest
+configuration per size."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336sys.analysis.findings import intervals, paired_ratios
+from cs336sys.analysis.findings import TIGHT_REL, intervals, paired_ratios
 from cs336sys.analysis.markdown import is_empty, md_table, size_key, value_key
 from cs336sys.analysis.plots import (
     CI_ERR,
@@ -22,10 +23,9 @@ from cs336sys.analysis.plots import (
     title,
     with_ci,
 )
-from cs336sys.analysis.tables import ok_rows
 from cs336sys.measure.stats import significant
+from cs336sys.studies.e2e.paired import LM_KEYS, gpu_frame, gpu_notes, gpu_table, pair_table, timed
 
-LM_KEYS = ["size", "context_length", "precision", "impl", "compile", "cuda_graphs"]
 CONFIG = ["precision", "impl", "compile", "cuda_graphs"]  # what a user picks for one size and context
 BEST_GROUP = ["size", "context_length", "mode"]
 WINNER_COLUMNS = ["optimizer", "median_ms", "ci_low_ms", "ci_high_ms", "tflops", "mfu_pct", "mfu_note", "tokens_per_s"]
@@ -36,32 +36,32 @@ PANELS = [("inference", "forward"), ("train", "forward"), ("train", "backward"),
 
 def backward_forward_ratio(df: pd.DataFrame) -> pd.DataFrame:
     """Backward / forward time of the training step, per cell, with its 95% interval."""
-    rows = ok_rows(df, mode="train")
+    rows = timed(df, mode="train")
     return paired_ratios(rows[rows["phase"].isin(["forward", "backward"])], LM_KEYS, "phase", "backward", "forward")
 
 
 def bf16_speedup(df: pd.DataFrame) -> pd.DataFrame:
     """fp32 step time / bf16 step time per size × context × attention × mode, with its interval."""
     keys = [k for k in LM_KEYS if k != "precision"] + ["mode"]
-    return paired_ratios(ok_rows(df, phase="step"), keys, "precision", "fp32", "bf16")
+    return paired_ratios(timed(df, phase="step"), keys, "precision", "fp32", "bf16")
 
 
 def sdpa_speedup(df: pd.DataFrame) -> pd.DataFrame:
     """eager step time / SDPA step time, per cell and mode, with its interval."""
     keys = [k for k in LM_KEYS if k != "impl"] + ["mode"]
-    return paired_ratios(ok_rows(df, phase="step"), keys, "impl", "eager", "sdpa")
+    return paired_ratios(timed(df, phase="step"), keys, "impl", "eager", "sdpa")
 
 
 def graph_speedup(df: pd.DataFrame) -> pd.DataFrame:
     """Eager step time / CUDA-graph replay time, per cell and mode: what launching costs."""
     keys = [k for k in LM_KEYS if k != "cuda_graphs"] + ["mode"]
-    ratios = paired_ratios(ok_rows(df, phase="step"), keys, "cuda_graphs", 0, 1)
+    ratios = paired_ratios(timed(df, phase="step"), keys, "cuda_graphs", 0, 1)
     return ratios.rename(columns={"0_ms": "eager_ms", "1_ms": "graph_ms"})  # the axis values, named
 
 
 def trust(df: pd.DataFrame) -> pd.DataFrame:
     """Whole-step rows flagged noisy or host-bound, with the GPU's busy share and the interval."""
-    steps = ok_rows(df, phase="step")
+    steps = timed(df, phase="step")
     cols = [c for c in ("noisy", "host_bound") if c in steps]
     if not cols:
         return pd.DataFrame()
@@ -97,7 +97,7 @@ def fastest_per_size(df: pd.DataFrame) -> pd.DataFrame:
     lies wholly below the runner-up's, otherwise "no significant difference". Sizes in model
     order (small … 2.7B), then context, then mode.
     """
-    steps = ok_rows(df, phase="step")
+    steps = timed(df, phase="step")
     if steps.empty or not {"median_ms", *BEST_GROUP} <= set(steps.columns):
         return pd.DataFrame()
     config = [c for c in CONFIG if c in steps]
@@ -119,7 +119,8 @@ def fastest_per_size(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_times(df: pd.DataFrame, path: Path, run: str, impl: str) -> Path:
-    data = df[df["impl"] == impl]
+    data = pd.concat([timed(df), df[df["status"] != "ok"]]) if "status" in df else df
+    data = data[data["impl"] == impl]
     fig, axes, legend_ax = panel_grid(len(PANELS))
     for ax, (mode, phase) in zip(axes, PANELS):
         draw_lines(ax, with_ci(ok_cells(data, mode=mode, phase=phase)), "context_length", "median_ms", [c for c in ("size", "precision", "cuda_graphs") if c in data],
@@ -143,7 +144,7 @@ def plot_speedup(df: pd.DataFrame, path: Path, run: str) -> Path:
 
 
 def plot_mfu(df: pd.DataFrame, path: Path, run: str) -> Path:
-    data = ok_cells(df, mode="train", phase="step")
+    data = ok_cells(timed(df), mode="train", phase="step")
     fig, ax = plt.subplots(figsize=(6, 3.6))
     if "mfu_pct" in data and data["mfu_pct"].notna().any():
         draw_lines(ax, data, "context_length", "mfu_pct", ["impl", "size", "precision"], logx=True)
@@ -160,17 +161,48 @@ def figures(df: pd.DataFrame, run: str) -> list:
 
 def findings(df: pd.DataFrame) -> str:
     parts = [
-        "Every ratio below carries a 95% interval (interval arithmetic on the two medians' intervals); where the "
-        "two intervals overlap it reads *no significant difference* instead of a finding."
+        "Every ratio below carries a 95% interval: between two cells, interval arithmetic on the two medians' "
+        "intervals; a *paired* ratio, the interval of its pairs of interleaved blocks timed in one process (host drift "
+        f"cancels). An interval that excludes 1 is a finding; one that holds 1 reads *no difference within ±x%* where it "
+        f"lies within ±{TIGHT_REL:.0%} of 1, *unbounded* where sampling stopped because its time budget "
+        "(`max_measure_s`) ran out, otherwise *no significant difference*."
     ]
-    parts += ["**Backward / forward ratio** (training step):", md_table(backward_forward_ratio(df), ".3g")]
-    parts += ["**bf16 speedup** (fp32 / bf16, whole steps):", md_table(bf16_speedup(df), ".3g")]
+    gpu = gpu_table(df)
+    if not gpu.empty:
+        parts += [
+            "**Eager time and GPU time per phase**: the eager wall time of each phase against the same phase replayed "
+            "as CUDA graphs (one graph per phase, in the same process: the time the GPU needs); `host overhead ms` = "
+            "eager − GPU, per occurrence of the phase in a step: Python, kernel launches and their gaps. "
+            "`GPU time from`: *replay* (the eager cell's own replay) or *graph cell* (the CUDA-graph cell of the same "
+            "configuration, in runs before the replay):",
+            md_table(gpu, ".3g"),
+        ]
+    missing = gpu_notes(df)
+    if missing:
+        parts.append(f"GPU time not measured{' in some rows' if not gpu.empty else ''}: {'; '.join(missing)}.")
+    pairs = pair_table(df)
+    if not pairs.empty:
+        parts += [
+            "**Paired comparisons** (own time / partner time, above 1: the partner is faster; the comparisons the "
+            "study declares, each timed as interleaved blocks A B / B A in the base cell's process; `stop_reason`: "
+            "*target* where the interval met `target_rel`, *budget* where `max_measure_s` ran out first, *fixed* for "
+            "the configured count; passes join theirs with `;`):",
+            md_table(pairs, ".3g"),
+        ]
+    parts += ["**Backward / forward ratio** (training step, eager wall time):", md_table(backward_forward_ratio(df), ".3g")]
+    gpu_bf = backward_forward_ratio(gpu_frame(df))
+    if not gpu_bf.empty:
+        parts += ["**Backward / forward ratio, GPU time** (each phase replayed as a CUDA graph):", md_table(gpu_bf, ".3g")]
+    parts += ["**bf16 speedup** (fp32 / bf16, whole steps, two cells' intervals):", md_table(bf16_speedup(df), ".3g")]
+    gpu_sp = bf16_speedup(gpu_frame(df))
+    if not gpu_sp.empty:
+        parts += ["**bf16 speedup, GPU time** (fp32 / bf16 whole steps replayed as CUDA graphs):", md_table(gpu_sp, ".3g")]
     if df["impl"].nunique() > 1:
-        parts += ["**SDPA speedup** (eager / sdpa attention, whole steps):", md_table(sdpa_speedup(df), ".3g")]
+        parts += ["**SDPA speedup** (eager / sdpa attention, whole steps, two cells' intervals):", md_table(sdpa_speedup(df), ".3g")]
     if "cuda_graphs" in df and df["cuda_graphs"].nunique() > 1:
         parts += [
-            "**CUDA-graph speedup** (eager launches / one replayed graph, whole steps; the graph's training step uses "
-            "fused capturable AdamW, the eager one the configured optimizer):",
+            "**CUDA-graph speedup** (eager launches / one replayed graph, whole steps, two cells' intervals; the graph's "
+            "training step uses fused capturable AdamW, the eager one the configured optimizer):",
             md_table(graph_speedup(df), ".3g"),
         ]
     flagged = trust(df)
@@ -178,10 +210,10 @@ def findings(df: pd.DataFrame) -> str:
         parts += [
             "**Cells to read with care** — `noisy`: the interval is wider than the configured share of the median; "
             "`host_bound`: the GPU idled for part of the step, so the number measures Python and the CPU as much "
-            "as the GPU and moves with host load:",
+            "as the GPU and moves with host load (the GPU time above is the same work without the host):",
             md_table(flagged, ".3g"),
         ]
-    steps = ok_rows(df, mode="train", phase="step")
+    steps = timed(df, mode="train", phase="step")
     if "mfu_pct" in steps and steps["mfu_pct"].notna().any():
         parts += ["**Training-step TFLOP/s and MFU:**", md_table(steps[LM_KEYS + ["tflops", "mfu_pct"]], ".3g")]
     elif not steps.empty:
