@@ -216,20 +216,44 @@ def run_cell(
 
     One cell at a time per GPU, across every run on the host: the job holds a
     lock on a GPU (``pipeline.gpulock``) from before the child starts until it
-    is gone, and pins the child to that GPU; a cell that waited says how long.
+    is gone, and pins the child to that GPU; a cell that waited says how long
+    (``gpu_wait_s``), and the wait counts against ``cell.timeout_s``: a cell still
+    queued at its limit is a ``timeout`` row naming the holder. Every row says
+    whether it held a lock (``gpu_lock``: ``held`` or ``none: <reason>``: a CPU
+    cell, no GPU listed, a MIG slice, a lock directory refused as unsafe -- such a
+    cell still runs, since its measurement is most likely fine, and says so) and
+    how many jobs of other runs were busy beside its measurement (``concurrent_jobs``,
+    ``concurrent_runs``; ``pipeline.hostjobs``).
     ``start_method``: see :func:`_context`; pass ``"fork"`` only from a process
     that has run no torch computation. ``owner_pid``: the job this runs for, when
     that is not this process (the warm worker, ``pipeline.warm``): the measurement
     stops when it dies. ``progress(context, elapsed_s)`` hears each part the child
     starts (e.g. ``{"mode": "train"}``), and every 10 s while a part runs.
     """
-    from cs336sys.pipeline import gpulock
+    from cs336sys.pipeline import gpulock, hostjobs
 
-    gpus = gpulock.visible_gpus() if _needs_lease(cell) else []
-    if not gpus:
-        return _run_child(cell, start_method, None, owner_pid, progress)
-    with gpulock.acquire_gpu(gpus) as lease:
-        return _run_child(cell, start_method, lease, owner_pid, progress)
+    deadline = time.monotonic() + cell.timeout_s  # the time limit covers the wait for a GPU too
+    with hostjobs.register_job() as job, contextlib.ExitStack() as stack:
+        gpus, reason = gpulock.find_gpus() if _needs_lease(cell) else ([], "cpu cell")
+        lease, lock = None, {"gpu_lock": f"none: {reason}"}
+        if gpus:
+            if job is not None:
+                job.state("waiting")
+            t0 = time.monotonic()
+            try:
+                lease = stack.enter_context(gpulock.acquire_gpu(gpus, timeout_s=max(0.0, deadline - t0)))
+                lock = {"gpu_lock": "held", **gpulock.lease_columns(lease)}
+            except gpulock.LockRefused as exc:
+                print(f"cs336sys: {exc}; the cell runs without a GPU lock", file=sys.stderr, flush=True)
+                lock = {"gpu_lock": f"none: {exc}"}
+            except TimeoutError as exc:
+                waited = round(time.monotonic() - t0, 3)
+                lock = {"gpu_lock": f"none: not free within the time limit of {cell.timeout_s:g} s", "gpu_wait_s": waited}
+                error = f"cell exceeded its time limit of {cell.timeout_s:g} s waiting for a GPU; {exc}"
+                return _finish(cell, _base_env(cell), [], ("timeout", error, {}), lock)
+        if job is not None:
+            job.state("holding" if lease is not None else "running")
+        return _run_child(cell, start_method, lease, owner_pid, progress, deadline, lock)
 
 
 def _gone(pid: int | None) -> bool:
@@ -238,8 +262,10 @@ def _gone(pid: int | None) -> bool:
     return pid is not None and not pid_alive(pid)
 
 
-def _run_child(cell: Cell, start_method: str | None, lease, owner_pid: int | None = None, progress=None) -> list[dict[str, Any]]:
-    from cs336sys.pipeline import gpulock
+def _run_child(
+    cell: Cell, start_method: str | None, lease, owner_pid: int | None = None, progress=None, deadline=None, lock=None
+) -> list[dict[str, Any]]:
+    from cs336sys.pipeline import gpulock, hostjobs
 
     ctx = _context(start_method)
     parent_conn, child_conn = ctx.Pipe(duplex=False)
@@ -247,20 +273,24 @@ def _run_child(cell: Cell, start_method: str | None, lease, owner_pid: int | Non
     # The fault spec is read here: a forkserver child has the server's environment, not ours.
     args = (child_conn, cell, os.environ.get(FAULT_ENV, ""), owner_pid or os.getpid(), pins)
     proc = ctx.Process(target=_child, args=args, daemon=True)
+    beside = hostjobs.ConcurrencyWatch()  # other runs' jobs busy while this one measures
     with _main_not_reimported():
         proc.start()
     child_conn.close()
 
     env, rows, failure, context = _base_env(cell), [], None, {}
     started = time.monotonic()
-    deadline, next_note = started + cell.timeout_s, started + PROGRESS_EVERY_S
+    deadline, next_note = deadline or started + cell.timeout_s, started + PROGRESS_EVERY_S
     while failure is None:
+        beside.look()
         remaining = deadline - time.monotonic()
         if _gone(owner_pid):
             failure = ("error", f"the job (pid {owner_pid}) is gone", context)
             break
         if remaining <= 0:
-            failure = ("timeout", f"cell exceeded its time limit of {cell.timeout_s:g} s", context)
+            waited = (lock or {}).get("gpu_wait_s") or 0
+            of_it = f" ({waited:.1f} s of it waiting for a GPU)" if waited >= 0.05 else ""
+            failure = ("timeout", f"cell exceeded its time limit of {cell.timeout_s:g} s{of_it}", context)
             break
         try:
             if not parent_conn.poll(min(remaining, 1.0)):
@@ -293,13 +323,16 @@ def _run_child(cell: Cell, start_method: str | None, lease, owner_pid: int | Non
         if proc.is_alive():
             proc.kill()
             proc.join()
+    return _finish(cell, env, rows, failure, {**(lock or {}), **beside.columns()})
 
+
+def _finish(cell: Cell, env: dict[str, Any], rows: list[dict[str, Any]], failure, lock: dict[str, Any]) -> list[dict[str, Any]]:
     if failure is not None:
         status, error, where = failure
         # no part started yet: the failure is the whole cell's, and says so with an empty mode (not NaN)
         before_any_part = {} if "mode" in cell.axes else {"mode": ""}
         rows.append({**before_any_part, **where, "status": status, "error": error})
-    env.update(gpulock.lease_columns(lease) if lease is not None else {}, finished_at=_now())
+    env.update(lock, finished_at=_now())
     head = {"study": cell.study, "cell_id": cell.cell_id, **cell.axes}
     return [{**head, **row, "pass_index": cell.pass_index, **env} for row in rows]
 
