@@ -140,3 +140,14 @@ def test_host_bound_cells_pool_their_drift_among_themselves():
     h0 = out.loc["h0"]  # the wild one keeps its own, wider spread
     half0 = t_quantile_975(6) * (np.log(1.4) / 2) * math.sqrt(2) / math.sqrt(2)
     assert h0["ci_high_ms"] == pytest.approx(h0["median_ms"] * math.exp(half0), rel=1e-6)
+
+
+def test_a_pass_that_shared_the_host_flags_the_merged_row_as_shared():
+    rows = [_row(0, [10.0] * 10, concurrent_jobs=0, gpu_lock="held", concurrent_runs=""),
+            _row(1, [10.1] * 10, concurrent_jobs=2, gpu_lock="held", concurrent_runs="/home/b/other")]  # fmt: skip
+    out = add_derived(combine_passes(pd.DataFrame(rows), floor_rel=0.01)).iloc[0]
+    assert out["concurrent_jobs"] == 2 and bool(out["shared"])
+    alone = add_derived(combine_passes(pd.DataFrame([_row(0, [10.0] * 10, concurrent_jobs=0, gpu_lock="held")]))).iloc[0]
+    assert not bool(alone["shared"])
+    unlocked = add_derived(combine_passes(pd.DataFrame([_row(0, [10.0] * 10, concurrent_jobs=0, gpu_lock="none: MIG device")]))).iloc[0]
+    assert bool(unlocked["shared"])

@@ -45,14 +45,17 @@ FLAG_DEFAULTS = {"noisy_rel": 0.05, "min_gpu_busy": 0.9, "min_clock_frac": 0.9}
 
 
 def add_flags(df: pd.DataFrame, flags: Mapping[str, float] | None = None) -> pd.DataFrame:
-    """Add the trust columns of timed rows: ``ci_rel``, ``noisy``, ``host_bound``, ``throttled``, ``below_clocks``.
+    """Add the trust columns of timed rows: ``ci_rel``, ``noisy``, ``host_bound``, ``throttled``, ``below_clocks``, ``shared``.
 
     ``ci_rel`` is the 95% interval's half-width over the median; ``noisy`` where it
     exceeds ``noisy_rel``. ``host_bound`` where the GPU was busy for less than
     ``min_gpu_busy`` of the step (empty where that was not measured, e.g. on CPU).
     ``throttled`` where NVML reported a slowing reason (power, thermal) at the start
     or end of timing; ``below_clocks`` where the SM clock ended under
-    ``min_clock_frac`` of its maximum. Thresholds: the config's ``flags``.
+    ``min_clock_frac`` of its maximum. ``shared`` where the GPU was not locked
+    (``gpu_lock`` "none: …") or jobs of another run were busy during the measurement
+    (``concurrent_jobs`` > 0, pipeline.hostjobs): a number that may be contaminated.
+    Thresholds: the config's ``flags``.
     """
     t = {**FLAG_DEFAULTS, **(flags or {})}
     out = df.copy()
@@ -69,6 +72,10 @@ def add_flags(df: pd.DataFrame, flags: Mapping[str, float] | None = None) -> pd.
     if "end_sm_clock_mhz" in out and "max_sm_clock_mhz" in out:
         sm, top = (pd.to_numeric(out[c], errors="coerce") for c in ("end_sm_clock_mhz", "max_sm_clock_mhz"))
         out["below_clocks"] = (sm < t["min_clock_frac"] * top).where(sm.notna() & top.notna())
+    if "concurrent_jobs" in out or "gpu_lock" in out:
+        others = pd.to_numeric(out.get("concurrent_jobs", pd.Series(index=out.index, dtype=float)), errors="coerce").fillna(0) > 0
+        lock = out.get("gpu_lock", pd.Series("", index=out.index)).fillna("").astype(str)
+        out["shared"] = others | (lock.str.startswith("none") & (lock != "none: cpu cell"))
     return out
 
 

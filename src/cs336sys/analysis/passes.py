@@ -158,6 +158,11 @@ def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, in
         row["end_sm_clock_mhz"] = pd.to_numeric(group["end_sm_clock_mhz"], errors="coerce").min()
     if "gpu_busy_frac" in group:
         row["gpu_busy_frac"] = pd.to_numeric(group["gpu_busy_frac"], errors="coerce").min()
+    if "concurrent_jobs" in group:  # contamination seen in any pass stays visible
+        row["concurrent_jobs"] = pd.to_numeric(group["concurrent_jobs"], errors="coerce").max()
+    for col in ("concurrent_runs", "gpu_lock"):
+        if col in group:
+            row[col] = ";".join(dict.fromkeys(str(v) for v in group[col].dropna() if str(v)))
     if "finished_at" in group:
         row["finished_at"] = last["finished_at"]
     for col in ("started_at", "finished_at"):  # each pass's own span, for the sweep-efficiency table
