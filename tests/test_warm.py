@@ -2,16 +2,18 @@
 
 a. A job run through the server writes the same rows as one run in-process, and a second job
    reuses the server (no second torch import).
-b. The server's name follows the sources and the environment: an edited module or a changed
-   variable never reaches an old server.
+b. The server's name follows the checkout, the sources and the environment: an edited module,
+   a changed variable or another checkout never reaches an old server.
 c. A job SIGKILLed mid-measurement stops its measurement, and its cell's CSV is not written.
 d. A job asked not to use the server runs the cell itself.
+(What another account, or a confused job, can do to the server: test_warm_hostile.py.)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,13 +47,18 @@ def precision_cell() -> dict:
 
 @pytest.fixture
 def env(tmp_path_factory):
-    """A private server directory (short: a Unix socket path has ~107 bytes) and a short idle limit."""
+    """A private server directory (short: a Unix socket path has ~107 bytes); its servers are stopped afterwards.
+
+    The idle limit outlasts a slow start of the next job on a busy machine (a job that comes after
+    it finds no server and starts a second one); the servers are killed at teardown anyway.
+    """
     short = Path(tempfile_dir()) / f"w{os.getpid()}-{time.monotonic_ns() % 10**8}"
     short.mkdir()
     keep = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, "CS336SYS_FAKE_GPUS", "CS336SYS_LOCK_DIR")}
-    yield {**keep, "PYTHONPATH": SRC, warm.DIR_ENV: str(short), warm.IDLE_ENV: "5"}
+    yield {**keep, "PYTHONPATH": SRC, warm.DIR_ENV: str(short), warm.IDLE_ENV: "30"}
     for sock in short.glob("*.sock"):
         _stop_server(sock)
+    shutil.rmtree(short, ignore_errors=True)
 
 
 def tempfile_dir() -> str:
@@ -97,8 +104,9 @@ def _stop_server(sock: Path) -> None:
 
 
 def _job(settings: dict, out: Path, log: Path, env: dict, use_warm: bool = True) -> subprocess.Popen:
+    # run where its outputs are, as Snakemake runs a job in its working directory: the server writes inside it only
     argv = [sys.executable, "-c", JOB, json.dumps(settings), str(out), str(log), "1" if use_warm else "0"]
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(argv, cwd=out.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def test_jobs_through_the_server_write_the_cell_and_share_one_server(precision_cell, env, tmp_path):
@@ -129,7 +137,12 @@ def test_the_server_name_follows_sources_and_environment(tmp_path, monkeypatch):
     monkeypatch.setattr(warm, "PACKAGE", copy)
     before = warm.server_key(base)
     (copy / "a.py").write_text("x = 2\n")
-    assert warm.server_key(base) != before
+    edited = warm.server_key(base)
+    assert edited != before
+    twin = tmp_path / "another-checkout" / "cs336sys"
+    shutil.copytree(copy, twin)
+    monkeypatch.setattr(warm, "PACKAGE", twin)
+    assert warm.server_key(base) != edited  # the same sources in another checkout: its own server, its own commit
 
 
 def _descendants(pid: int) -> set[int]:

@@ -6,11 +6,16 @@ import datetime as _dt
 import functools
 import os
 import platform
+import shutil
 import socket
 import subprocess
 from pathlib import Path
 
 import torch
+
+# Where git is looked for: root-owned directories only, never a job's PATH (a warm worker's handler,
+# running as its server's user, computes the rows' commit: a `git` found through PATH runs as that user).
+GIT_PATH = "/usr/bin:/bin:/usr/local/bin"
 
 
 @functools.lru_cache(maxsize=1)
@@ -18,18 +23,24 @@ def git_commit() -> str:
     """The checkout's commit (``+dirty`` when the tree has changes), or '' outside git.
 
     ``CS336SYS_GIT_COMMIT`` names it where the tree was copied without ``.git``
-    (e.g. to a GPU machine).
+    (e.g. to a GPU machine). git comes from ``GIT_PATH``, and ``GIT_*`` variables are
+    dropped, so the commit is always that of the checkout this module lives in.
     """
     if os.environ.get("CS336SYS_GIT_COMMIT"):
         return os.environ["CS336SYS_GIT_COMMIT"]
     root = Path(__file__).resolve().parent
+    git = shutil.which("git", path=GIT_PATH)
+    if git is None:
+        return ""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")} | {"PATH": GIT_PATH}
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        sha = subprocess.run([git, "rev-parse", "--short=12", "HEAD"], cwd=root, env=env, capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:
             return ""
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10
-        )
+        dirty = subprocess.run(  # --no-optional-locks: never take the index lock from under the user's own git
+            [git, "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root, env=env, capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
         return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return ""
