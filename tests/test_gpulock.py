@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cs336sys.pipeline import gpulock
+from cs336sys.pipeline import gpulock, gpus
 from cs336sys.pipeline.gpulock import GpuId, GpuLease
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -160,7 +160,7 @@ def test_visible_gpus_fake(monkeypatch):
 
 def test_cuda_visible_devices_selection():
     host = [GpuId(0, "GPU-aaaa-1111"), GpuId(1, "GPU-bbbb-2222"), GpuId(2, "GPU-abcd-3333")]
-    sel = gpulock._select_visible
+    sel = gpus._select_visible
     assert sel(host, None) == host
     assert sel(host, "") == []
     assert sel(host, "-1") == []

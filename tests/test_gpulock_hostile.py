@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from cs336sys.pipeline import gpulock
+from cs336sys.pipeline import gpulock, gpus
 from cs336sys.pipeline.cells import FAULT_ENV, Cell, run_cell
 from cs336sys.pipeline.gpulock import GpuId
 
@@ -364,8 +364,8 @@ def real_gpus(monkeypatch, tmp_path):
     use_locks(monkeypatch, tmp_path / "locks")
 
     def answer(nvml, smi=None):
-        monkeypatch.setattr(gpulock, "_nvml_gpus", lambda: nvml)
-        monkeypatch.setattr(gpulock, "_smi_gpus", lambda: smi)
+        monkeypatch.setattr(gpus, "_nvml_gpus", lambda: nvml)
+        monkeypatch.setattr(gpus, "_smi_gpus", lambda: smi)
 
     return answer
 
