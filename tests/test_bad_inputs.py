@@ -91,7 +91,7 @@ CONFIG_CASES = {
     "memory-fraction-zero": ("memory_fraction", 0, ["'memory_fraction'", "less than or equal to the minimum of 0"]),
     "memory-fraction-1.5": ("memory_fraction", 1.5, ["'memory_fraction'", "greater than the maximum of 1"]),
     "rep-ms-nan": ("flash.rep_ms", NAN, ["'flash.rep_ms'", "a number > 0"]),
-    "peak-tflops-nan": ("peak_tflops", {"H100": {"bf16": NAN}}, ["'peak_tflops.H100.bf16'", "a number > 0"]),
+    "peak-tflops-nan": ("peak_tflops", {"H100": {"bf16": NAN}}, ["'peak_tflops.H100.bf16'", "a number >= 0.01 and <= 10000"]),
     "peak-tflops-negative": ("peak_tflops", {"H100": {"fp32": -1.0}}, ["'peak_tflops.H100.fp32'", "minimum of 0"]),
     "peak-tflops-unknown-precision": ("peak_tflops", {"H100": {"fp8": 1.0}}, ["'peak_tflops.H100.fp8'", "fp32, tf32, bf16"]),
     "min-measure-nan": ("e2e.min_measure_s", NAN, ["'e2e.min_measure_s'", "a number >= 0 and <= 3600"]),

@@ -6,7 +6,7 @@ the schema's defaults. The cell is validated by the workflow's schema, gets the
 workflow's cell id and runs through the same cell runner, so an OOM is a row.
 
 Seconds on a CPU:
-    cs336sys e2e --size tiny-cpu --context-length 32 --measure-steps 3 --device cpu
+    cs336sys e2e --size tiny --context-length 32 --measure-steps 3 --device cpu
     cs336sys attention --d-model 16 --seq-len 128 --measure-steps 5 --device cpu
 On a GPU:
     cs336sys e2e --size small --context-length 512 --precision bf16 --impl sdpa
@@ -27,16 +27,24 @@ from pathlib import Path
 from typing import Any
 
 from cs336sys import studies as S
-from cs336sys.pipeline.config import ConfigError, load_schema, load_yaml, validate_config
+from cs336sys.pipeline.config import ConfigError, load_schema, validate_config
+from cs336sys.pipeline.config_file import load_config_file
 
-# a size small enough for the CPU examples above (the built-in sizes take minutes on a CPU)
-CPU_SIZES = {"tiny-cpu": {"d_model": 64, "d_ff": 256, "num_layers": 2, "num_heads": 4}}
+# a size small enough for the CPU examples above (the built-in sizes take minutes on a CPU): the CPU
+# demo's `tiny` (config/cpu-demo.yaml's extra_sizes, a test keeps the two equal); a --config may redefine it
+CPU_SIZES = {"tiny": {"d_model": 64, "d_ff": 256, "num_layers": 2, "num_heads": 4}}
 SHOW_COLUMNS = [
     "status", "mode", "phase", "median_ms", "95% interval", "flags", "GPU ms [95%]", "n", "trials", "stop_reason",
     "tflops", "mfu_pct", "tokens_per_s", "peak_mem_bytes", "mem_before_bwd_bytes", "error",
 ]  # fmt: skip
 PAIR_COLUMNS = ["mode", "phase", "comparison", "ratio [95% interval]", "pairs", "stop_reason"]
 RUN_FLAGS = ("device", "timeout", "memory_fraction", "config", "csv")
+DEFAULT_TIMEOUT_S = 1800.0
+# what `--config FILE` may hold: these top-level keys and the study's own section (a flag wins over the file);
+# every other key is refused by name, never ignored
+CONFIG_APPLIES = ("device", "memory_fraction", "cache_dir", "extra_sizes", "peak_tflops", "flags")
+CONFIG_REFUSES = {"interval_floor_rel": "it widens merged intervals, and the CLI prints one cell's rows unmerged"}
+SECTION_REFUSES = {"passes": "the CLI measures one pass of one cell", "resources": "job resources of a workflow run"}
 
 
 def _flag(key: str) -> str:
@@ -73,11 +81,11 @@ def _add_study(sub, schema: Mapping, name: str) -> None:
         item = _resolve(schema, grid[axis])
         typ, choices = _value_type(schema, item.get("items", {}))
         default = item.get("default", [None])[0]
-        help_ = f"grid axis: one value here, a list in a config (default: {default})"
-        if typ is None:
-            p.add_argument(_flag(axis), action=argparse.BooleanOptionalAction, default=default, help=help_)
+        help_ = f"grid axis: one value here, a list in a config (default: the --config file's one value, else {default})"
+        if typ is None:  # None: not given, so the --config file's grid or the schema's default applies (_cli_config)
+            p.add_argument(_flag(axis), action=argparse.BooleanOptionalAction, default=None, help=help_)
         else:
-            p.add_argument(_flag(axis), type=typ, choices=choices, default=default, help=help_)
+            p.add_argument(_flag(axis), type=typ, choices=choices, default=None, help=help_)
     for key, sub_schema in section["properties"].items():
         if key in S.JOB_KEYS + spec.cell_keys:
             continue
@@ -95,10 +103,14 @@ def _add_study(sub, schema: Mapping, name: str) -> None:
             )
         else:
             p.add_argument(_flag(key), type=typ, choices=choices, default=None, help=f"(default: {_show(sub_schema.get('default'))})")
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where to run; auto: CUDA if present (default: auto)")
-    p.add_argument("--timeout", type=float, default=1800, help="time limit of the cell in seconds (default: 1800)")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default=None,
+                   help="where to run; auto: CUDA if present (default: the --config file's device, else auto)")  # fmt: skip
+    p.add_argument("--timeout", type=float, default=None,
+                   help=f"time limit of the cell in seconds (default: the --config file's {name}.timeout_s, else {DEFAULT_TIMEOUT_S:g})")  # fmt: skip
     p.add_argument("--memory-fraction", type=float, default=None, help="cap GPU memory to this fraction of the card, in (0, 1]")
-    p.add_argument("--config", default=None, help="a workflow config (YAML) whose extra_sizes, peak_tflops and section settings apply")
+    p.add_argument("--config", default=None,
+                   help=f"a config file (YAML) whose {', '.join(CONFIG_APPLIES)} and {name} section (one value per grid axis, "
+                        f"timeout_s; not passes, resources) apply; any other key is an error")  # fmt: skip
     p.add_argument("--csv", default=None, help="also write the rows to this CSV file (atomically)")
 
 
@@ -111,47 +123,91 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _config_file(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """The ``--config`` file, read as the workflow reads a config file; a key the CLI cannot apply is an error."""
+    try:
+        base = load_config_file(args.config)
+    except ConfigError as exc:
+        parser.error(f"--config: {exc}")
+    known = load_schema()["properties"]
+    unknown = [key for key in base if key not in known]
+    if unknown:
+        parser.error(f"--config {args.config}: unknown config key {unknown[0]!r} (allowed at the top level: {', '.join(known)})")
+    for key in ("extra_sizes", "peak_tflops", args.study):
+        if base.get(key) is not None and not isinstance(base[key], dict):
+            parser.error(f"--config {args.config}: config key {key!r} must be a mapping, not {type(base[key]).__name__}")
+    refused = []
+    for key in base:
+        if key in S.STUDIES and key != args.study:
+            refused.append(f"config key {key!r}: the CLI measures one {args.study} cell, so {key} settings do not apply")
+        elif key not in CONFIG_APPLIES and key != args.study:
+            why = CONFIG_REFUSES.get(key, "a workflow setting: it does not apply to one cell")
+            refused.append(f"config key {key!r}: {why}")
+    section = base.get(args.study) or {}
+    refused += [f"config key '{args.study}.{key}': {why}" for key, why in SECTION_REFUSES.items() if key in section]
+    if refused:
+        allowed = f"{', '.join(CONFIG_APPLIES)} and the {args.study} section but its {' and '.join(SECTION_REFUSES)}"
+        parser.error(f"--config {args.config}: keys the CLI cannot apply (remove them; it applies {allowed}):\n  " + "\n  ".join(refused))
+    return base
+
+
+def _axis_values(args: argparse.Namespace, grid: Mapping[str, Any], parser: argparse.ArgumentParser) -> tuple[dict, set]:
+    """This cell's axis values: the flag's, else the file's only value, else the schema's default; and the axes the file set."""
+    schema = load_schema()
+    defaults = schema["properties"][args.study]["properties"]["grid"]["properties"]
+    values, from_file = {}, set()
+    for axis in S.study(args.study).axes:
+        if getattr(args, axis) is not None:
+            values[axis] = getattr(args, axis)
+        elif axis in grid:
+            listed = grid[axis]
+            if isinstance(listed, list) and len(listed) > 1:
+                parser.error(f"--config {args.config}: config key '{args.study}.grid.{axis}' lists {len(listed)} values "
+                             f"{listed}; the CLI measures one cell: pick one with {_flag(axis)}")  # fmt: skip
+            values[axis] = listed[0] if isinstance(listed, list) and listed else listed
+            from_file.add(axis)
+        else:
+            values[axis] = _resolve(schema, defaults[axis]).get("default", [None])[0]
+    return values, from_file
+
+
 def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """The workflow config that holds exactly this one cell, validated by the workflow's schema."""
-    base: dict[str, Any] = {}
-    if args.config:
-        try:
-            base = load_yaml(args.config) or {}
-        except ConfigError as exc:
-            parser.error(f"--config: {exc}")
-        if not isinstance(base, dict):
-            parser.error(f"--config: {args.config} does not hold a mapping of config keys")
-        # the rest of the file is not read here, but a typo in it must not pass silently
-        known = load_schema()["properties"]
-        unknown = [key for key in base if key not in known]
-        if unknown:
-            parser.error(f"--config {args.config}: unknown config key {unknown[0]!r} (allowed at the top level: {', '.join(known)})")
-        for key in ("extra_sizes", "peak_tflops", args.study):
-            if base.get(key) is not None and not isinstance(base[key], dict):
-                parser.error(f"--config {args.config}: config key {key!r} must be a mapping, not {type(base[key]).__name__}")
+    """The workflow config that holds exactly this one cell, validated by the workflow's schema.
+
+    Resolves ``args.device`` and ``args.timeout`` too: a flag, else the ``--config`` file, else the default.
+    """
+    base = _config_file(args, parser) if args.config else {}
     spec = S.study(args.study)
     section = copy.deepcopy(base.get(args.study) or {})
-    section["grid"] = {axis: [getattr(args, axis)] for axis in spec.axes}
+    values, from_file = _axis_values(args, section.get("grid") or {}, parser)
+    section["grid"] = {axis: [value] for axis, value in values.items()}
     for key, value in vars(args).items():
         if key not in spec.axes and key not in RUN_FLAGS and key != "study" and value is not None:
             section[key] = value
-    extra = {**CPU_SIZES, **(base.get("extra_sizes") or {})}
-    config = {"run": "cli", "device": "cpu" if args.device == "cpu" else "cuda", "check_local_cuda": False,
-              "studies": [args.study], "extra_sizes": extra, "peak_tflops": base.get("peak_tflops") or {},
-              "memory_fraction": args.memory_fraction, args.study: section}  # fmt: skip
+    if args.device is None:
+        args.device = base.get("device", "auto")
+    config = {key: copy.deepcopy(base[key]) for key in CONFIG_APPLIES if key in base}
+    config.update(run="cli", device="cuda" if args.device == "auto" else args.device, check_local_cuda=False, studies=[args.study],
+                  extra_sizes={**CPU_SIZES, **(base.get("extra_sizes") or {})}, peak_tflops=base.get("peak_tflops") or {})  # fmt: skip
+    config[args.study] = section
+    if args.memory_fraction is not None:
+        config["memory_fraction"] = args.memory_fraction
     try:
-        return validate_config(config)
+        validate_config(config)
     except ConfigError as exc:
-        parser.error(_name_flags(str(exc), args))
+        parser.error(_name_flags(str(exc), args, values, from_file))
+    if args.timeout is None:
+        args.timeout = float(config[args.study]["timeout_s"]) if "timeout_s" in section else DEFAULT_TIMEOUT_S
+    return config
 
 
-def _name_flags(message: str, args: argparse.Namespace) -> str:
+def _name_flags(message: str, args: argparse.Namespace, values: Mapping[str, Any], from_file: set) -> str:
     """Config key paths → the flags that set them: 'e2e.grid.context_length.0' → '--context-length'.
 
     A key that no flag set came from ``--config``'s file and keeps its config name, with the file's.
     """
     spec = S.study(args.study)
-    flagged = set(spec.axes) | {k for k, v in vars(args).items() if v is not None and k not in RUN_FLAGS and k != "study"}
+    flagged = (set(spec.axes) - from_file) | {k for k, v in vars(args).items() if v is not None and k not in RUN_FLAGS and k != "study"}
 
     def name(m: re.Match) -> str:
         key = m.group(1)
@@ -162,7 +218,10 @@ def _name_flags(message: str, args: argparse.Namespace) -> str:
         return f"{m.group(0)} (in --config {args.config})" if args.config else m.group(0)
 
     message = re.sub(rf"config key '{args.study}\.(?:grid\.)?(\w+?)(?:\.\d+)?'", name, message)
-    axes = " ".join(_flag_text(axis, getattr(args, axis)) for axis in spec.axes)
+    if args.config:  # top-level keys that no flag set (main checked the flags' values before)
+        message = re.sub(r"config key '((?:device|memory_fraction|cache_dir|extra_sizes|peak_tflops|flags)(?:\.[^']*)?)'",
+                         rf"config key '\1' (in --config {args.config})", message)  # fmt: skip
+    axes = " ".join(_flag_text(axis, values[axis]) for axis in spec.axes)
     return re.sub(r"these flags: no valid cell: (.*?) \(this grid: [^\n]*\)", rf"these flags make no valid cell ({axes}): \1", message)
 
 
@@ -189,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.memory_fraction is not None and not 0 < args.memory_fraction <= 1:
         parser.error(f"--memory-fraction must be in (0, 1], got {args.memory_fraction}")
-    if not 0 < args.timeout < float("inf"):
+    if args.timeout is not None and not 0 < args.timeout < float("inf"):
         parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
     if args.csv:  # before measuring: the rename at the end would replace whatever is there, /dev/null included
         from cs336sys.fileio import not_a_file
@@ -225,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  … {part} ({elapsed_s:.0f} s)", file=sys.stderr, flush=True)
 
     rows = run_cell(cell, start_method="fork", progress=progress)
-    frame = add_derived(rows_to_frame(rows, cell.axes), config["peak_tflops"])
+    frame = add_derived(rows_to_frame(rows, cell.axes), config["peak_tflops"], config["flags"])
     if args.device == "auto" and (frame.get("device") == "cpu").all():
         print("note: no CUDA device found; ran on CPU (memory columns stay empty)", file=sys.stderr)
     if args.csv:

@@ -14,12 +14,16 @@ from cs336sys.cli import command_line
 from cs336sys.pipeline.faults import FAULT_ENV, check_fault_spec
 from cs336sys.pipeline.gpulock import visible_gpus
 from cs336sys.pipeline.jobs import cell_threads
-from cs336sys.pipeline.config import ConfigError, load_yaml, settings_snapshot, validate_config
+from cs336sys.pipeline.config import ConfigError, check_run_snapshot, settings_snapshot, validate_config
+from cs336sys.pipeline.config_file import check_layer, load_config_file
 from cs336sys.pipeline.provenance import file_hash, modules_hash, module_closure
 
 try:
-    for _file in workflow.configfiles:  # Snakemake's loader keeps the last of two equal keys silently
-        load_yaml(_file)
+    # Snakemake has merged these already, keeping the last of two equal keys and reading YAML 1.1
+    # (01024 as 532) silently: read each again as the CLI reads --config, with the same limits
+    for _file in workflow.configfiles:
+        load_config_file(_file)
+    check_layer(dict(workflow.config_settings.config), "--config")  # `--config e2e=` is an empty block too
     validate_config(config, Path(workflow.basedir) / "workflow/schemas/config.schema.yaml")
     check_fault_spec(os.environ.get(FAULT_ENV, ""))
 except (ConfigError, ValueError) as exc:
@@ -123,6 +127,12 @@ def figure_dir(study="{study}"):
 
 def config_snapshot():
     return f"results/{RUN}/config.yaml"
+
+
+try:  # a run measured on another device is not remeasured under its name unless asked (overwrite: true)
+    check_run_snapshot(config, config_snapshot())
+except ConfigError as exc:
+    raise WorkflowError(str(exc)) from None
 
 
 def report_md():

@@ -4,6 +4,12 @@ Errors name the offending key as a dotted path (``e2e.batch_size``) and what is
 allowed, all before any job starts. The schema's ``default:`` values are the
 only defaults: validation writes them into the config, so the workflow, the CLI
 and the report all see the same complete settings.
+
+Strict on purpose: an integer key takes no float (``2.0``) and a number key no bool; a pattern's
+``$`` is the end of the text (Python's ``$`` also matches before a final newline); a run of more
+than ``max_cell_jobs`` cell jobs is refused before any is planned, and a run whose snapshot says
+another device (``RUN_WIDE_KEYS``) unless ``overwrite: true``. Files are read by
+``pipeline.config_file`` (YAML 1.1 surprises, size and alias limits, empty study blocks).
 """
 
 from __future__ import annotations
@@ -19,12 +25,12 @@ import jsonschema
 import yaml
 
 from cs336sys.models.sizes import MODEL_SIZES, known_sizes
+from cs336sys.pipeline.config_file import ConfigError, check_size, load_yaml  # the strict reader, its limits
 
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
 
-
-class ConfigError(ValueError):
-    pass
+# top-level keys in every cell's params (studies.cell_settings): changing one remeasures every cell of a run
+RUN_WIDE_KEYS = ("device", "memory_fraction", "cache_dir")
 
 
 def _path(parts) -> str:
@@ -61,8 +67,19 @@ def _fill_defaults(validator_class, root: Mapping[str, Any]):
 
         return bound
 
-    extra = {"properties": properties, **{k: finite_bound(k) for k in _BOUNDS}}
-    return jsonschema.validators.extend(validator_class, extra)
+    def pattern(validator, regex, instance, schema):
+        if validator.is_type(instance, "string") and not re.search(_ecma_end(regex), instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {regex!r}")
+
+    # JSON Schema counts 2.0 as an integer; a float where a count is meant crashes later (range(2.0))
+    integers = validator_class.TYPE_CHECKER.redefine("integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
+    extra = {"properties": properties, "pattern": pattern, **{k: finite_bound(k) for k in _BOUNDS}}
+    return jsonschema.validators.extend(validator_class, extra, type_checker=integers)
+
+
+def _ecma_end(regex: str) -> str:
+    """A schema pattern's final ``$`` as JSON Schema (ECMA 262) means it: the end of the text, not before a final newline."""
+    return regex[:-1] + r"\Z" if regex.endswith("$") and not regex.endswith(r"\$") else regex
 
 
 _BOUNDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
@@ -75,43 +92,6 @@ def _bounds_text(schema: Mapping[str, Any]) -> str:
 
 def _copy(value: Any) -> Any:
     return yaml.safe_load(yaml.safe_dump(value))
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """A YAML loader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
-
-
-def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise ConfigError(f"{key_node.start_mark.name}:{key_node.start_mark.line + 1}: config key {key!r} is given twice "
-                              f"(first on line {seen[key] + 1}); a second block would silently replace the first")  # fmt: skip
-        seen[key] = key_node.start_mark.line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
-
-
-def load_yaml(path: str | Path) -> Any:
-    """Read a config file: a missing file, a syntax error or a duplicate key names the file and line."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    loader = _StrictLoader(text)
-    loader.name = str(path)  # marks (duplicate keys) name the file, not "<unicode string>"
-    try:
-        return loader.get_single_data()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: not valid YAML: {exc.problem}") from None
-    finally:
-        loader.dispose()
 
 
 def load_schema(schema_path: str | Path = SCHEMA_PATH) -> dict:
@@ -135,9 +115,10 @@ def validate_schema(config: dict, schema_path: str | Path = SCHEMA_PATH) -> None
             where = _path(err.absolute_path)
             allowed = ", ".join(err.schema.get("properties", {}))
             lines += [f"unknown config key {_path(list(err.absolute_path) + [k])!r} (allowed under {where}: {allowed})" for k in extra]
-        elif err.validator == "pattern":  # a name: becomes a path component of results/ and report/
+        elif err.validator == "pattern":  # a name: a path component of results/ and report/, or a device-name substring
+            rule = err.schema.get("description", "see the schema")
             lines.append(f"config key {_path(err.absolute_path)!r}: {err.instance!r} is not a valid name "
-                         f"(allowed: letters, digits, '.', '+', '-', starting with a letter or digit; pattern {err.validator_value})")  # fmt: skip
+                         f"(allowed: {rule}; pattern {err.validator_value})")  # fmt: skip
         elif err.validator == "minItems" and "enum" in err.schema.get("items", {}):
             choices = ", ".join(map(str, err.schema["items"]["enum"]))
             lines.append(f"config key {_path(err.absolute_path)!r}: {err.message} (choose from {choices})")
@@ -196,12 +177,45 @@ def validate_semantics(config: Mapping[str, Any]) -> None:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
 
-def coerce_command_line(config: dict) -> None:
-    """``--config check_local_cuda=false`` arrives as the string 'false': make it the boolean it means."""
-    for key in ("check_local_cuda", "warm_worker"):
+def coerce_command_line(config: dict, schema: Mapping[str, Any] | None = None) -> None:
+    """``--config check_local_cuda=false`` arrives as the string 'false', ``--config cache_dir=null`` as 'null':
+    make each the boolean or the null it means, for the top-level keys whose schema allows one.
+
+    A cache directory named null is spelled ``./null``.
+    """
+    schema = schema or load_schema()
+    for key, sub in schema["properties"].items():
         value = config.get(key)
-        if isinstance(value, str) and value.lower() in ("true", "false"):
+        if not isinstance(value, str):
+            continue
+        kinds = sub.get("type", [])
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        if "boolean" in kinds and value.lower() in ("true", "false"):
             config[key] = value.lower() == "true"
+        elif "null" in kinds and value in ("null", "Null", "NULL", "~"):
+            config[key] = None
+
+
+def check_grid_size(config: Mapping[str, Any]) -> None:
+    """Refuse a run of more than ``max_cell_jobs`` cell jobs before any is planned.
+
+    Counted from the axis lengths alone (an upper bound: invalid combinations are dropped later), times
+    each study's passes: a 10^5-cell grid took 6 minutes and 2.2 GB to plan.
+    """
+    from cs336sys import studies as S
+
+    limit = config["max_cell_jobs"]  # filled in by the schema
+    total, parts = 0, []
+    for study in config.get("studies") or []:
+        section = config.get(study) or {}
+        lengths = [len(section.get("grid", {}).get(axis) or [None]) for axis in S.study(study).axes]
+        cells, passes = math.prod(lengths), section.get("passes", 1)
+        total += cells * passes
+        parts.append(f"{study}: {' × '.join(map(str, lengths))} = {cells} cells" + (f" × {passes} passes" if passes > 1 else ""))
+    if total > limit:
+        raise ConfigError(f"invalid config:\n  config key 'max_cell_jobs': the grids make {total} cell jobs ({'; '.join(parts)}); "
+                          f"a run plans at most {limit} (config/full.yaml makes about 3300): split the grids over several runs, "
+                          "or raise max_cell_jobs")  # fmt: skip
 
 
 # --- the default run name: `run: auto` (the schema's default) names the run after the GPU -------
@@ -282,11 +296,41 @@ def resolve_run_name(config: dict) -> None:
 
 def validate_config(config: dict, schema_path: str | Path = SCHEMA_PATH) -> dict:
     """Fill defaults into ``config`` and check it; raises ConfigError naming each bad key."""
-    coerce_command_line(config)
+    check_size(config)
+    coerce_command_line(config, load_schema(schema_path))
     validate_schema(config, schema_path)
     resolve_run_name(config)
+    check_grid_size(config)
     validate_semantics(config)
     return config
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+def check_run_snapshot(config: Mapping[str, Any], snapshot_path: str | Path) -> None:
+    """Refuse to remeasure a run whose snapshot differs in a key of ``RUN_WIDE_KEYS``, unless ``overwrite: true``.
+
+    Each of those keys is in every cell's params: under the same run name, every cell would run again and its
+    rows replace the run's (``ok`` rows by ``skipped`` ones where the device is gone), with exit status 0.
+    """
+    path = Path(snapshot_path)
+    if config.get("overwrite") or not path.is_file():
+        return
+    old = load_yaml(path)
+    if not isinstance(old, dict):
+        raise ConfigError(f"{path} is not a run's settings snapshot (a mapping); remove it, or pass --config overwrite=true")
+    run = config.get("run")
+    lines = [
+        f"config key {key!r}: run {run!r} was measured with {key}: {_shown(old[key])} ({path}); this config says {key}: {_shown(config.get(key))}"
+        for key in RUN_WIDE_KEYS
+        if key in old and old[key] != config.get(key)
+    ]
+    if lines:
+        lines.append("that changes every cell of the run, and the new rows would replace its rows: name another run "
+                     f"(--config run={run}-2, or run: in the config), or pass --config overwrite=true to remeasure this one")  # fmt: skip
+        raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
 
 
 def settings_snapshot(config: Mapping[str, Any]) -> dict:
@@ -296,7 +340,8 @@ def settings_snapshot(config: Mapping[str, Any]) -> dict:
     snapshot (and with it its report).
     """
     snapshot = _copy(dict(config))
-    snapshot.pop("warm_worker", None)  # how jobs start, not what they measure
+    for key in ("warm_worker", "overwrite", "max_cell_jobs"):  # how jobs start and what may run, not what they measure
+        snapshot.pop(key, None)
     for study in snapshot.get("studies") or []:
         for key in ("timeout_s", "resources"):
             (snapshot.get(study) or {}).pop(key, None)
