@@ -62,6 +62,7 @@ def time_arms(
     target_rel: float | None = None,
     max_measure_s: float | None = None,
     min_warmup_s: float | None = None,
+    warm: tuple[str, ...] = (),
     state: Callable[[], Mapping[str, object]] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     sync: Callable[[torch.device], None] = synchronize,
@@ -76,7 +77,8 @@ def time_arms(
     ±20-40% over seconds to minutes, this is what makes "bf16 vs fp32" answerable.
     Rounds continue past ``min_pairs`` while any arm's step ratio to the first arm
     is wider than ±``target_rel``, until ``max_measure_s`` of timed blocks are spent.
-    The first arm is the cell's own configuration.
+    The first arm is the cell's own configuration. Arms named in ``warm`` ran just before
+    (e.g. the cell's own block) and skip their warm-up.
     """
     names = list(arms)
     if not names or block_steps < 1 or min_pairs < 2:
@@ -86,11 +88,11 @@ def time_arms(
     min_warmup_s = POLICY["min_warmup_s"] if min_warmup_s is None else min_warmup_s
     min_warmup_s = 0.0 if gpu_recently_busy() else min_warmup_s
     state = state or state_sampler()
-    warm: dict[str, tuple[int, float | None, float]] = {}
+    warmed: dict[str, tuple[int, float | None, float]] = {}
     for i, name in enumerate(names):
         t0 = clock()
-        run, first = warm_up(arms[name], warmup, min_warmup_s if i == 0 else 0.0, device, clock, sync)
-        warm[name] = (run, first, clock() - t0)
+        run, first = (0, None) if name in warm else warm_up(arms[name], warmup, min_warmup_s if i == 0 else 0.0, device, clock, sync)
+        warmed[name] = (run, first, clock() - t0)
     recorded = {f"start_{k}": v for k, v in state().items()} if state is not None else {}
     samples: dict[str, list[dict[str, list[float]]]] = {n: [] for n in names}
     timed = dict.fromkeys(names, 0.0)
@@ -121,7 +123,7 @@ def time_arms(
     for name in names:
         trials = samples[name]
         phases = {p: summarize([t[p] for t in trials]) for p in trials[0]}
-        run, first, wall = warm[name]
+        run, first, wall = warmed[name]
         out[name] = Timing(phases=phases, warmup_s=wall, timed_s=timed[name], warmup_steps_run=run, first_step_s=first,
                            state=recorded, stop_reason=stop, blocks=trials)  # fmt: skip
         blocks[name] = {p: [statistics.median(t[p]) for t in trials] for p in trials[0]}

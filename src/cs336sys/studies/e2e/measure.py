@@ -94,8 +94,10 @@ def measure(
     for mode in run:
         context["mode"] = mode
         memory.reset_peak(device)
-        # with partners, the interleaved blocks below sample until the target; alone, this block does
-        timing = time_steps(own[mode], warmup=warmup_steps, steps=measure_steps, device=device, target_rel=0.0 if partners else None)
+        # With partners, the interleaved blocks below sample until the target and this first block
+        # only needs a step or two (peak memory, busy share); alone, it is the cell's measurement.
+        steps = block_steps if partners else measure_steps
+        timing = time_steps(own[mode], warmup=warmup_steps, steps=steps, device=device, target_rel=0.0 if partners else None)
         busy = gpu_busy_share(own[mode], device)
         extra = {"peak_mem_bytes": memory.peak_allocated_bytes(device), "gpu_busy_frac": busy, "gpu_busy_note": busy_note(busy, device)}
         if mode == "train":
@@ -109,9 +111,8 @@ def measure(
         timing, extra = alone[mode]
         result = None
         if len(arms) > 1:
-            result = time_arms(
-                {name: steps[mode] for name, steps in arms.items()}, warmup=warmup_steps, block_steps=block_steps, device=device
-            )
+            mode_arms = {name: steps[mode] for name, steps in arms.items()}  # the own arm is warm from its first block
+            result = time_arms(mode_arms, warmup=warmup_steps, block_steps=block_steps, device=device, warm=(OWN,))
             timing = merge_timings(timing, result.arms[OWN])  # every timed block of the cell's own step
         extra = {"mode": mode, **common, **extra, "gpu_note": notes.get(GRAPH, "")}
         graph = result.arms.get(GRAPH) if result is not None else None
