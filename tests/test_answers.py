@@ -1,5 +1,6 @@
-"""report/<run>/answers.md from committed runs and a synthetic one: every handout question gets a line, numbers
-match the CSVs, absent studies read "not measured", overlapping intervals read "no significant difference"."""
+"""report/<run>/answers.md from the committed reference runs and a synthetic one: every reference run's page
+rebuilds from its CSVs with every handout question answered, numbers match the CSVs, absent studies read
+"not measured", overlapping intervals read "no significant difference"."""
 
 from __future__ import annotations
 
@@ -12,10 +13,19 @@ import pytest
 from cs336sys.analysis.answers import NOT_ANSWERED, SECTIONS, discover, main, write_answers
 from cs336sys.analysis.answers_common import Run
 from cs336sys.analysis.tables import load_study
-from workflow_helpers import REPO
+from workflow_helpers import REPO, reference_runs
 
 RESULTS = REPO / "results"
-COMMITTED = ["h200", "h200-sizes", "h200-full", "h100-e2e-a", "h100-e2e-b", "h100-profile"]
+FIXTURE = REPO / "tests" / "fixtures" / "cpu-demo"  # a CPU demo cut small: every study, the fast lane's run
+COMMITTED = reference_runs()  # every committed run with CSVs (docs/results.md lists them): the full suite
+# runs whose studies are cut down to a cell or two below: the default sweep (every study) and the runs with OOM rows
+REDUCED = ["h200", "h100-e2e", "h100-profile", "h100-memory", "h100-mha-performer"]
+RUNS = ["fixture", *(pytest.param(run, marks=pytest.mark.slow) for run in COMMITTED)]
+
+
+def _run_dir(run: str) -> Path:
+    return FIXTURE if run == "fixture" else RESULTS / run
+
 
 # Every benchmarking question of the handout (and the mha pages) the page must carry: (heading, question start).
 QUESTIONS = [
@@ -51,7 +61,7 @@ QUESTIONS = [
 
 
 def _page(tmp_path: Path, run: str) -> str:
-    out = write_answers(tmp_path / run / "answers.md", run, discover(RESULTS / run))
+    out = write_answers(tmp_path / run / "answers.md", run, discover(_run_dir(run)))
     return out.read_text()
 
 
@@ -68,14 +78,26 @@ def _answers(page: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory) -> dict[str, str]:
-    tmp = tmp_path_factory.mktemp("answers")
-    return {run: _page(tmp, run) for run in COMMITTED}
+def pages(tmp_path_factory):
+    """Each run's page, built the first time a test asks for it (the fast lane builds the fixture's only)."""
+    tmp, built = tmp_path_factory.mktemp("answers"), {}
+
+    def page(run: str) -> str:
+        if run not in built:
+            built[run] = _page(tmp, run)
+        return built[run]
+
+    return page
 
 
-@pytest.mark.parametrize("run", COMMITTED)
+def test_the_reference_runs_are_found():
+    assert {"h100", "h200", "h100-e2e", "h100-profile"} <= set(COMMITTED) and set(REDUCED) <= set(COMMITTED)
+
+
+@pytest.mark.parametrize("run", RUNS)
 def test_every_question_has_one_line_and_no_nan(pages, run):
-    page = pages[run]
+    """Every reference run's answers page rebuilds from its committed CSVs, and links into its committed report."""
+    page = pages(run)
     answers = _answers(page)
     assert set(answers) == {start for _, start in QUESTIONS}, sorted({s for _, s in QUESTIONS} - set(answers))
     for _, start in QUESTIONS:
@@ -83,6 +105,8 @@ def test_every_question_has_one_line_and_no_nan(pages, run):
         assert answers[start].strip(), start
     assert not re.search(r"\bnan\b", page, re.I), [line for line in page.splitlines() if re.search(r"\bnan\b", line, re.I)]
     assert NOT_ANSWERED not in page
+    if run == "fixture":
+        return  # no report beside it
     report = REPO / "report" / run  # the committed report and figures the links point to
     for figure in set(re.findall(r"\]\((figures/[^)]+\.png)\)", page)):
         assert (report / figure).is_file(), figure
@@ -94,8 +118,10 @@ def test_every_question_has_one_line_and_no_nan(pages, run):
         assert any(heading in h for h in headings), heading
 
 
+@pytest.mark.slow
 def test_h200_answers_from_its_data(pages):
-    page, answers = pages["h200"], _answers(pages["h200"])
+    page = pages("h200")
+    answers = _answers(page)
     e2e = load_study(RESULTS / "h200" / "e2e.csv", "e2e")
     # the default sweep at fb1b49eee6b2 (sdpa, context 256, eager steps and CUDA graphs, two passes)
     eager = e2e[(e2e["impl"] == "sdpa") & (e2e["cuda_graphs"].astype(int) == 0) & (e2e["context_length"] == 256)]
@@ -140,8 +166,10 @@ def test_h200_answers_from_its_data(pages):
     assert prof["device_name"].iloc[0] in page
 
 
-def test_a_run_without_a_study_says_not_measured(pages):
-    answers = _answers(pages["h200-sizes"])  # e2e and profile only
+@pytest.mark.slow
+def test_a_run_without_a_study_says_not_measured(tmp_path):
+    csvs = {"e2e": RESULTS / "h100-e2e" / "e2e.csv", "profile": RESULTS / "h100-profile" / "profile.csv"}
+    answers = _answers(write_answers(tmp_path / "answers.md", "e2e-and-profile", csvs).read_text())
     for heading, start in QUESTIONS:
         text = answers[start]
         from_e2e_or_profile = heading == "§1.1.4" or start.startswith(
@@ -155,11 +183,12 @@ def test_a_run_without_a_study_says_not_measured(pages):
     assert "the same kernel leads both in" in answers["(b) Which kernel takes the most forward time"]
 
 
+@pytest.mark.slow
 def test_profile_answers_skip_a_largest_cell_whose_training_step_ran_out_of_memory(pages):
     # h100-profile's largest cell (2.7B, context 1024) is an OOM training step with no kernels
     prof = load_study(RESULTS / "h100-profile" / "profile.csv", "profile")
     assert (prof[(prof["size"] == "2.7B") & (prof["context_length"] == 1024)]["status"] == "oom").any()
-    top = _answers(pages["h100-profile"])["(b) Which kernel takes the most forward time"]
+    top = _answers(pages("h100-profile"))["(b) Which kernel takes the most forward time"]
     assert "not measured" not in top
     assert "In the training forward of 2.7B (context 512, fp32)" in top
     assert "of the 19 profiled cells whose training step ran" in top  # 20 cells, one OOM
@@ -212,12 +241,12 @@ def test_a_study_whose_cells_all_failed_says_why():
 
 
 @pytest.mark.parametrize("pick", ["first", "first-two", "last", "failed"])
-@pytest.mark.parametrize("run", COMMITTED)
+@pytest.mark.parametrize("run", ["fixture", *(pytest.param(run, marks=pytest.mark.slow) for run in REDUCED)])
 def test_reduced_grids_still_answer_every_question(tmp_path, run, pick):
     """Each study cut down to a cell or two (or to its failed cells): every question still gets a sentence or a
     "not measured" line, never an exception, a "nan" or a broken section."""
     csvs = {}
-    for study, path in discover(RESULTS / run).items():
+    for study, path in discover(_run_dir(run)).items():
         df = load_study(path, study)
         cells = list(dict.fromkeys(df["cell_id"]))
         failed = list(dict.fromkeys(df.loc[df["status"] != "ok", "cell_id"]))

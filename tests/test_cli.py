@@ -126,6 +126,7 @@ def test_auto_device_without_cuda_says_it_runs_on_cpu(monkeypatch, capsys, tiny_
     assert "RuntimeError: injected error" in captured.out
 
 
+@pytest.mark.slow  # a fresh interpreter that measures a cell
 def test_tiny_e2e_run_via_python_dash_m(tmp_path, tiny_config):
     out_csv = tmp_path / "e2e.csv"
     env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}

@@ -248,6 +248,7 @@ def test_old_run_matches_new_run_through_upgrade(tmp_path):
     assert not res.passed and set(res.regressions["cell_id"]) == {sdpa}
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_import_does_not_import_torch():
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     code = "import cs336sys.analysis.compare, sys; assert 'torch' not in sys.modules, 'torch imported'"

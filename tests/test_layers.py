@@ -86,6 +86,7 @@ else:
 """
 
 
+@pytest.mark.slow  # a fresh interpreter per module
 def test_analysis_reports_cli_and_config_import_without_torch():
     modules = _torch_free_modules()
     assert "cs336sys.analysis.tables" in modules and "cs336sys.studies.e2e.report" in modules
@@ -94,6 +95,7 @@ def test_analysis_reports_cli_and_config_import_without_torch():
     assert culprit is None, f"importing {culprit['module']} imported torch, via: {culprit['by']}"
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_the_torch_probe_itself_sees_torch():
     """The check above must fail when a module imports torch: a measurement module does."""
     code = f"MODULES = {json.dumps(json.dumps(['cs336sys.pipeline.rows', 'cs336sys.measure.timing']))}\n" + _IMPORT_PROBE
@@ -145,6 +147,7 @@ def _demo_cell_params():
     return [pytest.param(study, axes, id=f"{study}-{S.cell_id(study, axes)}") for study, axes in _demo_cells(config)]
 
 
+@pytest.mark.slow  # a measuring child per cell
 @pytest.mark.parametrize("study, axes", _demo_cell_params())
 def test_every_module_a_cell_loads_is_in_its_code_hash(demo_config, tmp_path, study, axes):
     settings = S.cell_settings(study, axes, demo_config, artifact_dir=str(tmp_path / "artifacts"))

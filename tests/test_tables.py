@@ -1,4 +1,5 @@
-"""Result tables: merging cell CSVs, and committed runs with the old column names still loading."""
+"""Result tables: merging cell CSVs; a small run of every study (tests/fixtures/cpu-demo/, cut from a CPU
+demo) and every committed reference run, old column names included, load with today's axes and cell ids."""
 
 from __future__ import annotations
 
@@ -14,14 +15,20 @@ from cs336sys.pipeline.config import validate_config
 from cs336sys.pipeline.rows import HEAD_COLUMNS, write_csv_atomic
 from workflow_helpers import DEMO, REPO, load_config
 
+FIXTURE = REPO / "tests" / "fixtures" / "cpu-demo"  # tests/fixtures/make_demo_fixture.py rebuilds it
+
+
+def _fixture_csvs() -> list[str]:
+    return sorted(p.relative_to(REPO).as_posix() for p in FIXTURE.glob("*.csv"))
+
 
 def _committed_csvs() -> list[str]:
+    """The reference runs' merged CSVs (docs/results.md); none outside a git checkout."""
     try:
         out = subprocess.run(["git", "ls-files", "results/*.csv", "results/*/*.csv"], cwd=REPO, capture_output=True, text=True, timeout=60)
-        files = out.stdout.split() if out.returncode == 0 else []
+        return sorted(out.stdout.split()) if out.returncode == 0 else []
     except OSError:
-        files = []
-    return sorted(files) or sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("results/h*/*.csv"))
+        return []
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +80,8 @@ def test_upgrade_is_a_no_op_on_current_frames(demo_config):
         assert upgrade(current, study) is current
 
 
-@pytest.mark.parametrize("path", _committed_csvs())
-def test_committed_runs_load_with_the_current_axes_and_cell_ids(path):
+@pytest.mark.parametrize("path", _fixture_csvs() + [pytest.param(p, marks=pytest.mark.slow) for p in _committed_csvs()])
+def test_runs_load_with_the_current_axes_and_cell_ids(path):
     df = load_study(REPO / path)
     study = str(df["study"].iloc[0])
     axes = S.study(study).axes
@@ -89,11 +96,13 @@ def test_committed_runs_load_with_the_current_axes_and_cell_ids(path):
     assert isinstance(S.report_module(study).figures(df, "test"), list)
 
 
-def test_the_committed_runs_cover_every_study_but_none_is_the_cpu_demo():
-    files = _committed_csvs()
-    assert files and not [f for f in files if "/cpu-demo/" in f]
-    studies = {str(pd.read_csv(REPO / f, usecols=["study"], nrows=1)["study"].iloc[0]) for f in files}
-    assert studies == set(S.STUDIES)
+def test_the_fixture_has_a_run_of_every_study_so_none_needs_a_committed_gpu_run():
+    studies = {str(pd.read_csv(REPO / f, usecols=["study"], nrows=1)["study"].iloc[0]) for f in _fixture_csvs()}
+    assert studies == set(S.STUDIES), f"no fixture for {set(S.STUDIES) - studies}: run tests/fixtures/make_demo_fixture.py"
+
+
+def test_no_committed_run_is_the_cpu_demo():
+    assert not [f for f in _committed_csvs() if "/cpu-demo/" in f]
 
 
 def test_merge_cells_keeps_every_status_orders_columns_and_adds_metrics(tmp_path):

@@ -1,7 +1,9 @@
 """The Snakemake workflow through the `snakemake` command, on CPU (tests/workflow_helpers.py does the plumbing).
 
 Every run works in a temporary copy of the repository with cwd = the copy. The full cpu-demo preset
-runs once per module (`demo`); the rerun tests share one run of a reduced grid (`reduced`, 7 cells)
+runs at most once per session (the `finished_demo` fixture of conftest.py, shared with the HTML-report
+test; the checkout's own demo where it is up to date); the rerun tests share one run of a reduced grid
+(`reduced`, 7 cells)
 and each inspects a dry run (`snakemake -n`) of its own clone of that finished run; failure
 injection (CS336SYS_INJECT_FAULT, see cs336sys.pipeline.cells) uses attention-only grids of one or two cells.
 """
@@ -18,6 +20,7 @@ import pytest
 import torch
 
 from cs336sys.measure.env import environment
+from cs336sys.pipeline.config import validate_config
 from cs336sys.pipeline.rows import ENV_COLUMNS, STATUSES
 from workflow_helpers import (
     DEMO,
@@ -36,24 +39,25 @@ from workflow_helpers import (
     write_yaml,
 )
 
+# every test here starts snakemake (a run, a dry run or a parse): the full suite, not the fast lane
+pytestmark = pytest.mark.slow
+
 # the environment columns every row carries on any device (ENV_COLUMNS adds GPU/host state where there is one)
 BASE_ENV = [c for c in ENV_COLUMNS if c in environment(torch.device("cpu"))]
 
-# --- the full cpu-demo preset, once ------------------------------------------------------------
+# --- the full cpu-demo preset, once a session ------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    root = copy_repo(tmp_path_factory.mktemp("demo") / "repo")
-    result = snakemake(root, "--configfile", DEMO)
-    return root, result, load_config(root, DEMO)
+def demo(finished_demo):
+    return finished_demo.root, finished_demo.result, load_config(finished_demo.root, DEMO)
 
 
 def _require_success(result):
-    assert result.returncode == 0, f"the workflow failed:\n{result.describe()}"
+    """The run went well (None: the demo was already finished and up to date, which a dry run checked)."""
+    assert result is None or result.returncode == 0, f"the workflow failed:\n{result.describe()}"
 
 
-@pytest.mark.slow
 def test_cpu_demo_runs_end_to_end(demo):
     root, result, config = demo
     _require_success(result)
@@ -70,7 +74,23 @@ def test_cpu_demo_runs_end_to_end(demo):
     assert (root / "report" / DEMO_RUN / "report.md").is_file()
 
 
-@pytest.mark.slow
+def test_a_finished_run_says_where_its_report_and_answers_are(demo):
+    root, result, _ = demo
+    if result is None:
+        pytest.skip("the checkout's own demo was up to date: no run here to print anything")
+    _require_success(result)
+    printed = result.output[result.output.rindex(f"Run `{DEMO_RUN}` finished:") :]
+    for path in (f"report/{DEMO_RUN}/report.md", f"report/{DEMO_RUN}/answers.md", f"results/{DEMO_RUN}/<study>.csv"):
+        assert path in printed, printed
+    assert f"snakemake --report report.html --configfile {DEMO}" in printed, printed
+
+
+def test_the_demos_report_says_its_cpu_numbers_only_exercise_the_pipeline(demo):
+    root, _, _ = demo
+    head = (root / "report" / DEMO_RUN / "report.md").read_text().split("## Environment")[0]
+    assert "CPU numbers only exercise the pipeline" in head
+
+
 def test_cpu_demo_merged_csvs_keep_every_cell_status_and_environment(demo):
     root, _, config = demo
     for study in config["studies"]:
@@ -83,7 +103,6 @@ def test_cpu_demo_merged_csvs_keep_every_cell_status_and_environment(demo):
         assert broken.empty, f"{study}: cells failed in the CPU demo:\n{broken[['cell_id', 'status', 'error']].to_string()}"
 
 
-@pytest.mark.slow
 def test_cpu_demo_report_has_a_section_per_study(demo):
     root, _, config = demo
     text = (root / "report" / DEMO_RUN / "report.md").read_text()
@@ -91,22 +110,20 @@ def test_cpu_demo_report_has_a_section_per_study(demo):
         assert f"## Study `{study}`" in text, f"report.md has no section for {study}"
 
 
-@pytest.mark.slow
-def test_cpu_demo_html_report(demo):
+def test_cpu_demo_html_report(demo, tmp_path):
     root, result, _ = demo
     _require_success(result)
-    html = root / "report.html"
-    r = snakemake(root, "--report", str(html), "--configfile", DEMO)
+    html = tmp_path / "report.html"
+    r = snakemake(root, "--report", str(html), "--nolock", "--configfile", DEMO)
     assert r.returncode == 0, r.describe()
     assert html.is_file() and html.stat().st_size > 1000, r.describe()
     assert "<html" in html.read_text(errors="replace")[:5000].lower()
 
 
-@pytest.mark.slow
 def test_cpu_demo_second_invocation_runs_nothing(demo):
     root, result, _ = demo
     _require_success(result)
-    again = dry_run(root, DEMO)
+    again = dry_run(root, DEMO, extra=("--nolock",))
     assert again.nothing_to_do, again.describe()
 
 
@@ -143,18 +160,16 @@ def rerun(reduced, tmp_path):
 
 def _cells(root: Path, predicate=lambda study, axes: True) -> set[tuple[str, str]]:
     """(rule, cell id) of every job of every pass: rule <study>_cell for pass 0, <study>_pass<k> after."""
-    config = load_config(root, DEMO, REDUCED_FILE)
+    config = validate_config(load_config(root, DEMO, REDUCED_FILE))  # with the schema's defaults: warmup has 2 passes
     rules = {s: [f"{s}_cell"] + [f"{s}_pass{k}" for k in range(1, config[s].get("passes", 1))] for s in config["studies"]}
     return {(r, cid) for s in config["studies"] for cid, axes in grid(config, s).items() if predicate(s, axes) for r in rules[s]}
 
 
-@pytest.mark.slow
 def test_rerun_nothing_on_second_invocation(rerun):
     run = dry_run(rerun, DEMO, REDUCED_FILE)
     assert run.nothing_to_do, run.describe()
 
 
-@pytest.mark.slow
 def test_rerun_touching_sources_reruns_nothing(rerun):
     now = time.time() + 5
     touched = [rerun / "Snakefile", *(rerun / "workflow" / "rules").glob("*.smk")]
@@ -166,7 +181,6 @@ def test_rerun_touching_sources_reruns_nothing(rerun):
     assert run.nothing_to_do, run.describe()
 
 
-@pytest.mark.slow
 def test_rerun_after_editing_attention_py(rerun):
     with open(rerun / "src" / "cs336sys" / "models" / "attention.py", "a") as f:
         f.write("\n# edited by tests/test_workflow.py\n")
@@ -188,7 +202,6 @@ def test_rerun_after_editing_attention_py(rerun):
     assert run.counts()["report"] == 1 and run.counts()["all"] == 1, run.describe()
 
 
-@pytest.mark.slow
 def test_rerun_after_editing_the_triton_kernels_reruns_no_cell_without_triton(rerun):
     """No cell of the reduced grid selects impl=triton: an edit to the kernels must rerun nothing."""
     with open(rerun / "src" / "cs336sys" / "models" / "triton_attention.py", "a") as f:
@@ -198,7 +211,6 @@ def test_rerun_after_editing_the_triton_kernels_reruns_no_cell_without_triton(re
     assert run.nothing_to_do, run.describe()
 
 
-@pytest.mark.slow
 def test_rerun_after_editing_a_study_report_reruns_no_cell_and_no_merge(rerun):
     with open(rerun / "src" / "cs336sys" / "studies" / "mha" / "report.py", "a") as f:
         f.write("\n# edited by tests/test_workflow.py\n")
@@ -209,7 +221,6 @@ def test_rerun_after_editing_a_study_report_reruns_no_cell_and_no_merge(rerun):
     assert run.counts()["report"] == 1, run.describe()
 
 
-@pytest.mark.slow
 def test_rerun_after_editing_plot_script_reruns_only_plots_and_report(rerun):
     with open(rerun / "workflow" / "scripts" / "plot.py", "a") as f:
         f.write("\n# edited by tests/test_workflow.py\n")
@@ -219,7 +230,6 @@ def test_rerun_after_editing_plot_script_reruns_only_plots_and_report(rerun):
     assert not run.cells(), run.describe()
 
 
-@pytest.mark.slow
 def test_rerun_after_changing_time_limits_and_resources_runs_nothing(rerun):
     """timeout_s and resources are job resources, not cell params: changing them reruns no cell and no merge.
 
@@ -233,7 +243,6 @@ def test_rerun_after_changing_time_limits_and_resources_runs_nothing(rerun):
     assert run.rules() <= {"all"}, run.describe()
 
 
-@pytest.mark.slow
 def test_rerun_after_adding_a_grid_value_runs_only_the_new_cells(rerun):
     before = _cells(rerun)
     bigger = {**REDUCED, "attention": {"grid": {**REDUCED["attention"]["grid"], "seq_len": [64, 128]}}}
@@ -248,7 +257,6 @@ def test_rerun_after_adding_a_grid_value_runs_only_the_new_cells(rerun):
     assert run.studies("merge") == {"attention"} and run.studies("plots") == {"attention"}, run.describe()
 
 
-@pytest.mark.slow
 def test_rerun_after_adding_a_pass_runs_only_the_new_pass(rerun):
     config = load_config(rerun, DEMO, REDUCED_FILE)
     passes = config["e2e"]["passes"]
@@ -299,7 +307,6 @@ def oom_run(tmp_path_factory):
     return _fault_run(tmp_path_factory, "oom", "oom:activation=relu", ATTENTION_ONLY, import_log=True)
 
 
-@pytest.mark.slow
 def test_injected_oom_is_a_row_and_the_workflow_finishes(oom_run):
     root, result = oom_run
     _require_success(result)
@@ -316,7 +323,6 @@ def test_injected_oom_is_a_row_and_the_workflow_finishes(oom_run):
     assert not any(softmax["cell_id"].iloc[0] in line for line in lines)
 
 
-@pytest.mark.slow
 def test_jobs_import_the_checkouts_own_library(oom_run):
     """Job scripts must import the copy's src/, not an installed cs336sys: the code hashes are of the copy."""
     root, result = oom_run
@@ -333,7 +339,6 @@ def test_jobs_import_the_checkouts_own_library(oom_run):
     )
 
 
-@pytest.mark.slow
 def test_injected_abort_is_an_error_row_naming_sigabrt(tmp_path_factory):
     root, result = _fault_run(tmp_path_factory, "abort", "abort:activation=relu", ATTENTION_ONLY)
     _require_success(result)
@@ -346,7 +351,6 @@ def test_injected_abort_is_an_error_row_naming_sigabrt(tmp_path_factory):
     assert any(cell in line and "error" in line for line in _failure_lines(root))
 
 
-@pytest.mark.slow
 def test_a_study_whose_every_cell_failed_is_still_merged_plotted_and_reported(tmp_path_factory):
     """On a small GPU every cell of a study can run out of memory; the workflow must still finish."""
     override = {
@@ -367,7 +371,7 @@ def test_a_study_whose_every_cell_failed_is_still_merged_plotted_and_reported(tm
             assert any(cell in line and "oom" in line for line in lines), f"{cell} not in the failure list"
 
 
-# --- parse-time checks (fast) ----------------------------------------------------------------------
+# --- parse-time checks (a snakemake process each, no job) --------------------------------------------
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the default GPU config is valid here")
@@ -380,6 +384,20 @@ def test_default_config_without_cuda_points_to_the_cpu_demo(tmp_path):
     assert not (root / "results").exists()
     dry = snakemake(root, "-n", "--config", "run=h100", timeout=600)
     assert dry.returncode == 0, dry.describe()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the default GPU config is valid here")
+def test_report_without_a_configfile_and_without_a_gpu_points_to_the_demos_report(tmp_path):
+    root = copy_repo(tmp_path / "repo")
+    r = snakemake(root, "--report", "report.html", timeout=600)
+    assert r.returncode != 0, r.describe()
+    assert "this machine has no GPU" in r.output and "snakemake --report report.html --configfile config/cpu-demo.yaml" in r.output, (
+        r.describe()
+    )
+    assert "report/cpu/report.md" in r.output and "Traceback" not in r.output, r.describe()
+    # a comparison's report names its target: not this run's, so no such message
+    other = snakemake(root, "report/compare/a-vs-b/report.md", "--report", "compare.html", timeout=600)
+    assert "There is no run to package" not in other.output, other.describe()
 
 
 # Lint categories we accept, each with the reason; any other category fails the test.

@@ -35,6 +35,20 @@ DRY_TIMEOUT = 600
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".pytest_cache")
 
 
+def reference_runs() -> list[str]:
+    """The committed runs with merged CSVs (results/<run>/), as git lists them: a checkout's own runs
+    (the CPU demo, a user's sweeps: ignored by git) are not reference runs. Outside a git checkout
+    (an unpacked archive), every run folder there."""
+    try:
+        out = subprocess.run(["git", "ls-files", "results/*/config.yaml"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        files = out.stdout.split() if out.returncode == 0 else []
+    except OSError:
+        files = []
+    if files:
+        return sorted({Path(f).parent.name for f in files})
+    return sorted(p.parent.name for p in REPO.glob("results/*/config.yaml") if p.parent.name != DEMO_RUN)
+
+
 def copy_repo(dest: Path) -> Path:
     """A fresh copy of the workflow (no outputs, no .snakemake) at ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -74,6 +88,25 @@ def snakemake(cwd: Path, *args: str, env: Mapping[str, str] | None = None, timeo
     proc = subprocess.run(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           stdin=subprocess.DEVNULL, timeout=timeout)  # fmt: skip
     return Result(cmd[1:], proc.returncode, proc.stdout, time.monotonic() - t0)
+
+
+@dataclass
+class FinishedDemo:
+    """A directory holding a finished, up-to-date CPU demo, shared by the tests of one session (read only:
+    a test that changes it works on a copy, :func:`clone_run`, or in its own tmp_path)."""
+
+    root: Path
+    result: Result | None  # the run that made it; None: the checkout's own demo was up to date and is read as it is
+
+
+def finished_demo(dest: Path) -> FinishedDemo:
+    """The checkout's own demo where a dry run there has nothing to do (CI runs the demo just before the
+    tests, with this code), else a fresh run of the demo in a copy at ``dest``."""
+    check = snakemake(REPO, "-n", "--nolock", "--configfile", DEMO, timeout=DRY_TIMEOUT)
+    if check.returncode == 0 and _NOTHING.search(check.output) and (REPO / "report" / DEMO_RUN / "report.md").is_file():
+        return FinishedDemo(REPO, None)
+    root = copy_repo(dest)
+    return FinishedDemo(root, snakemake(root, "--configfile", DEMO))
 
 
 def configfile_args(*configfiles: str) -> list[str]:

@@ -3,6 +3,36 @@
 report: "../report/workflow.rst"
 
 
+from cs336sys.pipeline.finish import finished_message, missing_report_message
+
+
+# A finished run says where its report and answers are (Snakemake calls this hook after a run that
+# did something, not after a dry run); `--report` without a run to package says why, and on a
+# machine without a GPU points to the demo's report (cs336sys.pipeline.finish).
+onsuccess:
+    print(
+        finished_message(
+            RUN,
+            report_md(),
+            answers_md(),
+            workflow.config_settings.configfiles,
+            workflow.config_settings.config,
+        )
+    )
+
+
+_missing_report = missing_report_message(
+    sys.argv[1:],
+    RUN,
+    report_md(),
+    lambda: config["device"] == "cuda" and not visible_gpus(),
+    workflow.config_settings.configfiles,
+    workflow.config_settings.config,
+)
+if _missing_report:
+    raise WorkflowError(_missing_report)
+
+
 rule merge:
     input:
         study_cells,

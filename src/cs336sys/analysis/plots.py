@@ -6,7 +6,10 @@ at their x position, never silently dropped. Readable at a viewer's width: title
 wrap to fit their figure or panel, figures of many panels are laid out two panels
 a row with one shared legend, long labels (kernel names) are shortened in the
 middle with a legend of the full names, groups of model sizes follow the size
-table, and no error bar reaches below zero.
+table, and no error bar reaches below zero. Each series has its own colour and
+marker (and the same ones in every panel of a figure); where every series has one
+point on a single x, the panel is a dot chart with one named position per series.
+The series styles and the PNG writer live in :mod:`cs336sys.analysis.figure_style`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import matplotlib.transforms as mtransforms  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from cs336sys.analysis.figure_style import series_style, style_of, write_png  # noqa: E402, F401  (series_style: for callers)
 from cs336sys.analysis.markdown import MIB, size_key, value_key  # noqa: E402
 from cs336sys.pipeline.rows import Status  # noqa: E402
 
@@ -77,7 +81,7 @@ def save(fig, path: Path, bottom: float = 0.0) -> Path:
         if ax.get_title() and ax.axison:
             fit_text(ax.title, ax.get_window_extent().width)
     fig.tight_layout(rect=rect)
-    fig.savefig(path)
+    write_png(fig, path)
     plt.close(fig)
     return path
 
@@ -224,20 +228,27 @@ def draw_lines(
 ) -> None:
     """One line per group of ``groups`` (y vs x, optional error bars); failed cells as markers on top.
 
-    ``legend=False`` leaves the legend to :func:`shared_legend` (figures of several panels).
+    Where every drawn cell has the same x, lines would be single points stacked on one x:
+    the panel becomes a dot chart instead (:func:`draw_dots`). ``legend=False`` leaves the
+    legend to :func:`shared_legend` (figures of several panels).
     """
-    colors = {}
+    xs = [f[x] for f in (df, failed) if f is not None and x in f]
+    if xs and pd.concat(xs).nunique() == 1:
+        draw_dots(ax, df, x, y, groups, yerr=yerr, failed=failed, logy=logy)
+        return
+    styles = {}
     if not df.empty:
         parts = sorted(df.groupby(list(groups), sort=False), key=lambda kv: group_key(kv[0], groups))
         for key, part in parts:
             part = part.sort_values(x)
             err = error_bars(part, y, yerr)
-            line = ax.errorbar(part[x], part[y], yerr=err, marker="o", ms=3, capsize=2, label=_label(key, groups))
-            colors[key if isinstance(key, tuple) else (key,)] = line[0].get_color()
+            label = _label(key, groups)
+            styles[key if isinstance(key, tuple) else (key,)] = style = style_of(ax.figure, label)
+            ax.errorbar(part[x], part[y], yerr=err, ms=3.5, capsize=2, label=label, **style)
     if failed is not None and not failed.empty:
         top = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
         for (status, *key), part in failed.groupby(["status", *groups]):
-            color = colors.get(tuple(key), "black")
+            color = styles.get(tuple(key), {}).get("color", "black")
             ax.plot(part[x], np.full(len(part), 0.96), FAIL_MARKERS.get(status, "x"), color=color, ms=8, mew=2,
                     transform=top, label=f"{status}: {_label(tuple(key), groups)}", clip_on=False)  # fmt: skip
     # log scales only over drawn data: an axis holding nothing cannot be log-scaled
@@ -251,6 +262,49 @@ def draw_lines(
     if legend and entries:
         # beside the panel once it would cover the lines
         ax.legend(**({"loc": "upper left", "bbox_to_anchor": (1.01, 1)} if entries > 5 else {}))
+
+
+def draw_dots(
+    ax,
+    df: pd.DataFrame,
+    x: str,
+    y: str,
+    groups: Sequence[str],
+    *,
+    yerr: str | tuple[str, str] | None = None,
+    failed: pd.DataFrame | None = None,
+    logy: bool = False,
+) -> None:
+    """A dot chart: one named position per group (its value of ``y`` with error bars), for a panel whose
+    cells all share one ``x``; a failed group's marker sits at the top of its position.
+
+    The groups are named on the x axis (no legend needed), y keeps its meaning, so a caller's
+    ``axhline`` or y label still applies.
+    """
+    frames = [f for f in (df, failed) if f is not None and not f.empty]
+    keys = sorted({k if isinstance(k, tuple) else (k,) for f in frames for k, _ in f.groupby(list(groups), sort=False)},
+                  key=lambda k: group_key(k, groups))  # fmt: skip
+    where = {key: i for i, key in enumerate(keys)}
+    if not df.empty:
+        for key, part in df.groupby(list(groups), sort=False):
+            key = key if isinstance(key, tuple) else (key,)
+            style = {**style_of(ax.figure, _label(key, groups)), "linestyle": "none"}
+            ax.errorbar(np.full(len(part), where[key]), part[y], yerr=error_bars(part, y, yerr), ms=6, capsize=3,
+                        label=_label(key, groups), **style)  # fmt: skip
+    if failed is not None and not failed.empty:
+        top = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
+        for (status, *key), part in failed.groupby(["status", *groups]):
+            ax.plot([where[tuple(key)]], [0.96], FAIL_MARKERS.get(status, "x"), color="black", ms=8, mew=2, transform=top,
+                    label=f"{status}: {_label(tuple(key), groups)}", clip_on=False)  # fmt: skip
+    # values only on the ticks, the axes' names once below them
+    ax.set_xticks(range(len(keys)), [", ".join(str(v) for v in k) for k in keys], rotation=30, ha="right", rotation_mode="anchor")
+    ax.set_xlim(-0.6, len(keys) - 0.4)
+    ax.grid(False, axis="x")
+    if logy and not df.empty:
+        ax.set_yscale("log")
+    value = pd.concat([f[x] for f in frames]).iloc[0] if frames else ""
+    ax.set_xlabel(f"{', '.join(groups)}   ({x} = {value})")
+    ax.set_ylabel(y)
 
 
 def failed_cells(df: pd.DataFrame, **where) -> pd.DataFrame:

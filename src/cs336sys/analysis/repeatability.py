@@ -13,7 +13,9 @@ the eager rows, their GPU time (the same phase replayed as CUDA graphs: the
 ``gpu_*`` columns) and the paired ratios (``kind=pair`` rows: run 2's ratio inside
 run 1's interval), each a population with its own noise (``measures.csv``).
 
-    python -m cs336sys.analysis.repeatability results/h100-e2e-a results/h100-e2e-b --out report/h100-repeatability
+    python -m cs336sys.analysis.repeatability results/<run-a> results/<run-b> --out report/<name>
+
+(report/h100-repeatability paired runs h100-e2e-a, -b and -c, in git at 506a3f9; docs/results.md.)
 """
 
 from __future__ import annotations

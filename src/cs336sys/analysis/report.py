@@ -50,6 +50,21 @@ W a fixed orthogonal random (m × d) matrix.
 """
 
 
+CPU_NOTE = """\
+> **CPU numbers only exercise the pipeline.** This run measured on a CPU, with tiny shapes (the CPU
+> demo, `config/cpu-demo.yaml`): its times, ratios and findings show that every step from the cells
+> to this report works, and say nothing about how these models or kernels perform on a GPU. Memory
+> columns that need CUDA are empty. For real numbers, run `snakemake` on a machine with a GPU; the
+> committed reference runs are listed in `docs/results.md`.
+"""
+
+
+def on_cpu(frames: Mapping[str, pd.DataFrame], config: Mapping[str, Any] | None) -> bool:
+    """Whether the run measured on a CPU: every row says so, or (no rows) the run's settings do."""
+    devices = {str(v) for f in frames.values() for v in f.get("device", pd.Series(dtype=str)).dropna() if str(v)}
+    return devices == {"cpu"} if devices else (config or {}).get("device") == "cpu"
+
+
 def _ms(row: pd.Series) -> str:
     """``median [95% interval]``, with ``*`` for a noisy row and ``†`` for a host-bound one."""
     marks = ("*" if row.get("noisy") is True else "") + ("†" if row.get("host_bound") is True else "")
@@ -139,6 +154,7 @@ def write_report(
         "",
         "The handout's benchmarking questions, answered from this run's data: [answers.md](answers.md).",
         "",
+        *([CPU_NOTE] if on_cpu(frames, config) else []),
         DEFINITIONS,
         "## Environment",
         "",
