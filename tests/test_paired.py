@@ -205,3 +205,23 @@ def test_an_eager_cell_on_a_gpu_reports_gpu_time_and_tight_paired_ratios():
     pairs = df[df["kind"] == "pair"]
     assert set(pairs["pair_with"]) == {"cuda_graphs=1", "precision=bf16"}
     assert ((pairs["ratio_ci_high"] - pairs["ratio_ci_low"]) / pairs["ratio"] < 0.3).all()
+
+
+def test_backward_over_forward_pairs_the_phases_of_each_step():
+    from cs336sys.studies.e2e.report import backward_forward_ratio
+
+    rng = np.random.default_rng(0)
+    drift = np.exp(rng.normal(0, 0.4, 60))  # the host: each step 0.5x to 2x as slow
+    fwd, bwd = 10 * drift, 20 * drift * np.exp(rng.normal(0, 0.01, 60))
+    axes = {"size": "small", "context_length": 128, "precision": "fp32", "impl": "eager", "compile": 0, "cuda_graphs": 0}
+
+    def row(phase, samples):
+        return {"study": "e2e", "cell_id": "c", "status": "ok", "error": "", **axes, "mode": "train", "phase": phase,
+                "median_ms": float(np.median(samples)), "ci_low_ms": float(np.min(samples)), "ci_high_ms": float(np.max(samples)),
+                "samples_ms": ";".join(f"{x:.4f}" for x in samples)}  # fmt: skip
+
+    out = backward_forward_ratio(pd.DataFrame([row("forward", fwd), row("backward", bwd)])).iloc[0]
+    assert out["ratio_low"] < 2.0 < out["ratio_high"] and out["ratio_high"] / out["ratio_low"] < 1.02
+    assert bool(out["significant"])
+    unpaired = backward_forward_ratio(pd.DataFrame([row("forward", fwd), row("backward", bwd)]).drop(columns="samples_ms")).iloc[0]
+    assert unpaired["ratio_high"] / unpaired["ratio_low"] > 10  # interval arithmetic on the drifting rows

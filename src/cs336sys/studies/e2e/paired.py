@@ -32,6 +32,8 @@ GPU_COLUMNS = {
     "gpu_ci_high_ms": "ci_high_ms",
     "gpu_n": "n",
     "gpu_trials": "trials",
+    "gpu_trial_medians_ms": "trial_medians_ms",
+    "gpu_samples_ms": "samples_ms",  # in step order, as the eager ones: phases of one replayed step pair up
 }
 REPLAY, GRAPH_CELL = "replay", "graph cell"  # where a row's GPU time came from (``gpu_source``)
 PAIRED, TWO_CELLS = "paired", "two cells"  # where a comparison's ratio came from (``source``)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336sys.analysis.findings import TIGHT_REL, intervals, paired_ratios
+from cs336sys.analysis.findings import TIGHT_REL, describe_ratio, intervals, paired_ratios
 from cs336sys.analysis.markdown import is_empty, md_table, size_key, value_key
 from cs336sys.analysis.plots import (
     CI_ERR,
@@ -23,7 +23,7 @@ from cs336sys.analysis.plots import (
     title,
     with_ci,
 )
-from cs336sys.measure.stats import significant
+from cs336sys.measure.stats import paired_ratio, significant
 from cs336sys.studies.e2e.paired import LM_KEYS, gpu_frame, gpu_notes, gpu_table, pair_table, timed
 
 CONFIG = ["precision", "impl", "compile", "cuda_graphs"]  # what a user picks for one size and context
@@ -35,9 +35,29 @@ PANELS = [("inference", "forward"), ("train", "forward"), ("train", "backward"),
 
 
 def backward_forward_ratio(df: pd.DataFrame) -> pd.DataFrame:
-    """Backward / forward time of the training step, per cell, with its 95% interval."""
+    """Backward / forward time of the training step, per cell, with its 95% interval.
+
+    The forward and backward of one step ran back to back, so where the rows kept their
+    step times (``samples_ms``, in step order) the ratio is paired step by step
+    (:func:`cs336sys.measure.stats.paired_ratio`): the host's drift slows both and cancels.
+    Otherwise, interval arithmetic on the two rows' intervals.
+    """
     rows = timed(df, mode="train")
-    return paired_ratios(rows[rows["phase"].isin(["forward", "backward"])], LM_KEYS, "phase", "backward", "forward")
+    out = paired_ratios(rows[rows["phase"].isin(["forward", "backward"])], LM_KEYS, "phase", "backward", "forward")
+    if out.empty or "samples_ms" not in rows:
+        return out
+    keys = [k for k in LM_KEYS if k in rows and k in out]
+    for i, r in out.iterrows():
+        same = rows[(rows[keys] == r[keys]).all(axis=1)]
+        steps = {p: [float(x) for x in str(v).split(";") if x] for p, v in zip(same["phase"], same["samples_ms"]) if isinstance(v, str)}
+        fwd, bwd = steps.get("forward", []), steps.get("backward", [])
+        if len(fwd) < 3 or len(fwd) != len(bwd):
+            continue
+        ratio = paired_ratio(bwd, fwd)
+        out.loc[i, ["ratio", "ratio_low", "ratio_high"]] = [ratio.median, ratio.low, ratio.high]
+        out.loc[i, "significant"] = bool(ratio.bounded and not ratio.low <= 1.0 <= ratio.high)
+        out.loc[i, "finding"] = describe_ratio(ratio)
+    return out
 
 
 def bf16_speedup(df: pd.DataFrame) -> pd.DataFrame:
