@@ -190,12 +190,26 @@ def _prefixed(row: dict) -> dict:
     return {GPU + c: row[c] for c in (*_GPU_STATS, "passes", "pass_medians_ms") if c in row}
 
 
-def combine_pairs(group: pd.DataFrame) -> dict:
-    """One paired-ratio row from the passes of one (cell, mode, phase, partner): their blocks pooled.
+def _pass_ratios(group: pd.DataFrame) -> list[float]:
+    """Each pass's own paired ratio (the geometric mean of its block ratios)."""
+    out = []
+    for own, other in zip(group.get("own_blocks_ms", []), group.get("partner_blocks_ms", [])):
+        r = paired_ratio(_floats(own), _floats(other))
+        if math.isfinite(r.median):
+            out.append(r.median)
+    return out
 
-    Each pass interleaved its own pairs of blocks; all pairs together give the ratio's
-    interval (:func:`cs336sys.measure.stats.paired_ratio`), with more degrees of freedom
-    than any one pass. A pass that could not pair (``pair_note``) adds nothing.
+
+def combine_pairs(group: pd.DataFrame, pooled: tuple[float, int] | None = None) -> dict:
+    """One paired-ratio row from the passes of one (cell, mode, phase, partner).
+
+    Within a pass, interleaving cancels the host's drift, and all passes' pairs together
+    give the paired interval (:func:`cs336sys.measure.stats.paired_ratio`). But the ratio
+    itself moves with the host between passes (an eager step over its graph replay is
+    larger on a slower host): on an H200, runs minutes apart put only 47% of the ratios
+    inside each other's paired intervals. So, as for timed rows, the interval is the
+    envelope of the paired one and the between-pass one (:func:`pass_interval`, drift
+    pooled over the study's pair rows, ``pooled``). A pass that could not pair adds nothing.
     """
     group = group.sort_values(PASS) if PASS in group else group
     row = group.iloc[0].to_dict()
@@ -204,7 +218,12 @@ def combine_pairs(group: pd.DataFrame) -> dict:
     if len(group) == 1 or not own:
         return row
     ratio = paired_ratio(own, other)
-    row.update(ratio=ratio.median, ratio_ci_low=ratio.low, ratio_ci_high=ratio.high, pairs=ratio.n, passes=len(group),
+    low, high = ratio.low, ratio.high
+    between = pass_interval(ratio.median, _pass_ratios(group), pooled)
+    if between is not None and all(math.isfinite(x) for x in between):
+        low, high = min(low, between[0]), max(high, between[1])
+    row.update(ratio=ratio.median, ratio_ci_low=low, ratio_ci_high=high, pairs=ratio.n, passes=len(group),
+               pass_ratios=";".join(f"{r:.4f}" for r in _pass_ratios(group)),
                own_ms=float(np.median(own)), partner_ms=float(np.median(other)),
                own_blocks_ms=";".join(f"{x:.4f}" for x in own), partner_blocks_ms=";".join(f"{x:.4f}" for x in other),
                stop_reason=";".join(dict.fromkeys(str(v) for v in group["stop_reason"].dropna())))  # fmt: skip
@@ -260,7 +279,9 @@ def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0, min_gpu_busy: float
         parts.append(pd.DataFrame(rows))
     pairs = ok & (df["kind"].astype(str) == "pair") if "kind" in df else ok & False
     if pairs.any():
-        parts.append(pd.DataFrame([combine_pairs(g) for _, g in df[pairs].groupby(["cell_id", "mode", "phase", "pair_with"], sort=False)]))
+        pair_groups = [g for _, g in df[pairs].groupby(["cell_id", "mode", "phase", "pair_with"], sort=False)]
+        pair_pool = pooled_drift([("pair", _pass_ratios(g)) for g in pair_groups]).get("pair")
+        parts.append(pd.DataFrame([combine_pairs(g, pair_pool) for g in pair_groups]))
     other = df[ok & ~timed & ~pairs]
     if not other.empty:
         first = other.groupby("cell_id")[PASS].transform("min")
