@@ -160,11 +160,25 @@ class Note:
         note = "" if note is None or (isinstance(note, float) and math.isnan(note)) else str(note)
         if row.get("source") == "paired" and not math.isfinite(float(row.get("ratio", math.nan))):
             return f"not paired ({note})" if note else "—"
-        text = self.ratio(row, faster=faster, slower=slower, budget=stopped_on_budget(row.get("stop_reason")), why=why)
+        budget = stopped_on_budget(row.get("stop_reason"))
+        moved = _pass_ratios_moved(row.get("pass_ratios"))
+        if moved:  # the width is the ratio's own move between passes, not a shortage of samples
+            why, budget = (f"{why}; {moved}" if why else moved), False
+        text = self.ratio(row, faster=faster, slower=slower, budget=budget, why=why)
         return f"{text} (from the two cells' intervals; not paired: {note})" if note else text
 
     def end(self, text: str) -> str:
         return f"{text} {NO_INTERVAL}" if self.bare else text
+
+
+def _pass_ratios_moved(value: object, beyond: float = 0.05) -> str:
+    """Words for a paired ratio that moved between passes by more than ``beyond`` ("" otherwise)."""
+    ratios = [float(x) for x in str(value).split(";") if x and x != "nan"] if isinstance(value, (str, float)) else []
+    ratios = [r for r in ratios if math.isfinite(r) and r > 0]
+    if len(ratios) < 2 or max(ratios) / min(ratios) - 1 <= beyond:
+        return ""
+    listed = ", ".join(f"{r:.3g}" for r in ratios)
+    return f"the ratio itself moved between passes ({listed}×): on this host it depends on how fast the CPU was at the time"
 
 
 def size_order(run: Run, names: Iterable[str]) -> list[str]:

@@ -209,7 +209,7 @@ def combine_pairs(group: pd.DataFrame, pooled: tuple[float, int] | None = None) 
     larger on a slower host): on an H200, runs minutes apart put only 47% of the ratios
     inside each other's paired intervals. So, as for timed rows, the interval is the
     envelope of the paired one and the between-pass one (:func:`pass_interval`, drift
-    pooled over the study's pair rows, ``pooled``). A pass that could not pair adds nothing.
+    pooled over the study's comparisons of the same kind, ``pooled``). A pass that could not pair adds nothing.
     """
     group = group.sort_values(PASS) if PASS in group else group
     row = group.iloc[0].to_dict()
@@ -280,8 +280,16 @@ def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0, min_gpu_busy: float
     pairs = ok & (df["kind"].astype(str) == "pair") if "kind" in df else ok & False
     if pairs.any():
         pair_groups = [g for _, g in df[pairs].groupby(["cell_id", "mode", "phase", "pair_with"], sort=False)]
-        pair_pool = pooled_drift([("pair", _pass_ratios(g)) for g in pair_groups]).get("pair")
-        parts.append(pd.DataFrame([combine_pairs(g, pair_pool) for g in pair_groups]))
+        # a comparison's drift pools with comparisons of the same kind in cells as host-bound (eager / graph
+        # moves with the host far more than fp32 / bf16, and a launch-bound cell's far more than a GPU-bound one's)
+        busy = (
+            df[timed & (df.get("phase", "") == "step")].groupby(["cell_id", "mode"])["gpu_busy_frac"].min() if "gpu_busy_frac" in df else {}
+        )
+        kind = [f"{str(g['pair_with'].iloc[0]).partition('=')[0]}/"
+                f"{drift_class(busy.get((g['cell_id'].iloc[0], g['mode'].iloc[0])) if len(busy) else None, min_gpu_busy)}"
+                for g in pair_groups]  # fmt: skip
+        pair_pools = pooled_drift([(k, _pass_ratios(g)) for k, g in zip(kind, pair_groups)])
+        parts.append(pd.DataFrame([combine_pairs(g, pair_pools.get(k)) for k, g in zip(kind, pair_groups)]))
     other = df[ok & ~timed & ~pairs]
     if not other.empty:
         first = other.groupby("cell_id")[PASS].transform("min")

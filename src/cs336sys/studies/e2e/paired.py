@@ -152,7 +152,7 @@ def comparison(df: pd.DataFrame, axis: str, phases: tuple[str, ...] = ("step",))
         base = {k: r.get(k) for k in [*keys, axis]} | {"pair_note": note}
         if math.isfinite(float(r.get("ratio", math.nan))):
             out[key] = base | {"ratio": r["ratio"], "ratio_low": r["ratio_ci_low"], "ratio_high": r["ratio_ci_high"], "source": PAIRED,
-                               "pairs": r.get("pairs"), "stop_reason": r.get("stop_reason")}  # fmt: skip
+                               "pairs": r.get("pairs"), "stop_reason": r.get("stop_reason"), "pass_ratios": r.get("pass_ratios")}  # fmt: skip
         elif key in out:
             out[key]["pair_note"] = note  # no ratio: the two cells' intervals stand, with the reason
         else:
