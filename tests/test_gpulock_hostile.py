@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import pytest
@@ -33,6 +32,7 @@ import pytest
 from cs336sys.pipeline import gpulock, gpus
 from cs336sys.pipeline.cells import FAULT_ENV, Cell, run_cell
 from cs336sys.pipeline.gpulock import GpuId
+from other_account import fork_as
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TESTS = str(Path(__file__).resolve().parent)
@@ -58,40 +58,9 @@ def make_cell(s=0.0, timeout_s=60.0, device="cpu", marker=None):
 # ---------------------------------------------------------------- the other account, and files to attack
 
 
-@pytest.fixture(scope="module")
-def other_user():
-    """A throwaway second account (root only): the other user of a shared GPU box."""
-    if os.getuid() != 0 or shutil.which("useradd") is None:
-        reason = "a second account needs root and useradd (CI runs these as root)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    name = f"cs336g{os.getpid() % 100000}"
-    made = subprocess.run(["useradd", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
-                           "--user-group", name], capture_output=True, text=True)  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
-
-
 def as_user(user: pwd.struct_passwd, fn, *args) -> None:
-    """Run ``fn(*args)`` in a forked child with ``user``'s uid and gid only; fail if it raises."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.setgroups([])
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            fn(*args)
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
+    """Run ``fn(*args)`` as ``user`` (:func:`other_account.fork_as`) and fail if it raises."""
+    _, status = os.waitpid(fork_as(user, fn, *args), 0)
     assert os.waitstatus_to_exitcode(status) == 0, f"{fn.__name__} as {user.pw_name} failed"
 
 

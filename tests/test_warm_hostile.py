@@ -29,7 +29,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from pathlib import Path
 
 import pandas as pd
@@ -38,6 +37,7 @@ import pytest
 from cs336sys import studies as S
 from cs336sys.pipeline import warm, warmcheck
 from cs336sys.pipeline.config import validate_config
+from other_account import fork_as
 from test_warm import FAULT_ENV, SRC, _servers, _stop_server
 from workflow_helpers import DEMO, REPO, load_config
 
@@ -57,24 +57,6 @@ print(run_job(json.loads(sys.argv[1]), 60.0, sys.argv[2], sys.argv[3], warm=sys.
 def cell() -> dict:
     config = validate_config(load_config(REPO, DEMO))
     return S.cell_settings("precision", {"part": "accumulation"}, config)
-
-
-@pytest.fixture(scope="module")
-def other_user():
-    """A throwaway second account (root only): the other user of a shared GPU box."""
-    if os.getuid() != 0 or shutil.which("useradd") is None:
-        reason = "a second account needs root and useradd (CI runs these as root)"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    name = f"cs336w{os.getpid() % 100000}"
-    made = subprocess.run(["useradd", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
-                           "--user-group", name], capture_output=True, text=True)  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
 
 
 def _short_dir(tag: str) -> Path:
@@ -137,20 +119,8 @@ _attackers: list[int] = []
 
 
 def _as(user: pwd.struct_passwd, fn, *args) -> int:
-    """Run ``fn(*args)`` in a forked child that has dropped to ``user``'s uid and gid; its pid."""
-    pid = os.fork()
-    if pid == 0:
-        status = 1
-        try:
-            os.setgroups([])
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            fn(*args)
-            status = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(status)
+    """Run ``fn(*args)`` as ``user`` in a forked child (:func:`other_account.fork_as`); its pid, reaped at teardown."""
+    pid = fork_as(user, fn, *args)
     _attackers.append(pid)
     return pid
 
