@@ -24,7 +24,7 @@ from cs336sys.analysis.metrics import add_derived
 from cs336sys.analysis.report import cell_table
 from cs336sys.measure.stats import Interval
 from cs336sys.studies import cell_id, study
-from cs336sys.studies.e2e.paired import comparison, gpu_table, pair_labels, pair_spec, pair_table, partner_name
+from cs336sys.studies.e2e.paired import comparison, gpu_table, pair_labels, pair_spec, pair_table
 from cs336sys.studies.e2e.report import findings
 
 DEVICE = "NVIDIA H100 80GB HBM3"
@@ -124,9 +124,9 @@ def test_ratio_words_a_finding_a_tight_no_difference_and_an_unbounded_one_with_i
 
 
 def test_pairs_come_from_the_study_spec():
-    assert partner_name(pair_spec("precision")) == "precision=bf16"
+    assert pair_spec("precision").partner == "precision=bf16"
     labels = pair_labels()
-    assert set(labels) == {partner_name(p) for p in study("e2e").pairs}
+    assert set(labels) == {p.partner for p in study("e2e").pairs}
     assert labels["cuda_graphs=1"] == pair_spec("cuda_graphs").label
 
 

@@ -314,10 +314,11 @@ def result_tables(frame, study: str) -> str:
     from cs336sys.analysis.findings import describe_ratio, stopped_on_budget
     from cs336sys.analysis.metrics import FLAG_DEFAULTS
     from cs336sys.measure.stats import Interval
+    from cs336sys.pipeline.columns import PAIR_KIND
 
     kind = frame["kind"].astype(str) if "kind" in frame else None
-    rows = frame[kind != "pair"] if kind is not None else frame
-    pairs = frame[kind == "pair"] if kind is not None else frame.iloc[0:0]
+    rows = frame[kind != PAIR_KIND] if kind is not None else frame
+    pairs = frame[kind == PAIR_KIND] if kind is not None else frame.iloc[0:0]
     shown = rows.copy()
     if {"ci_low_ms", "ci_high_ms"} <= set(shown.columns):
         shown["95% interval"] = [_interval(lo, hi) for lo, hi in zip(shown["ci_low_ms"], shown["ci_high_ms"])]
@@ -332,7 +333,7 @@ def result_tables(frame, study: str) -> str:
                                  zip(shown["gpu_median_ms"], shown.get("gpu_ci_low_ms", none), shown.get("gpu_ci_high_ms", none))]  # fmt: skip
     out = [shown[[c for c in SHOW_COLUMNS if c in shown.columns]].to_markdown(index=False, floatfmt=".4g")]
     if not pairs.empty:
-        labels = {f"{p.axis}={S.format_value(p.other)}": p.label for p in S.study(study).pairs}
+        labels = {p.partner: p.label for p in S.study(study).pairs}
 
         def words(r) -> str:  # the ratio as the answers say it, or why the partner was not timed
             ratio = Interval(*(float(r.get(c, "nan")) for c in ("ratio", "ratio_ci_low", "ratio_ci_high")), 0, 1)

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from cs336sys.measure.stats import log_t_interval, median_ci_order, paired_ratio, t_quantile_975, trial_ci
+from cs336sys.pipeline.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND
 
 PASS = "pass_index"
 KEY = ["cell_id", "mode", "phase"]
@@ -171,23 +172,19 @@ def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, in
     return row
 
 
-GPU = "gpu_"  # prefix of the columns that time the same step replayed as CUDA graphs (studies.e2e)
-_GPU_STATS = ("median_ms", "ci_low_ms", "ci_high_ms", "n", "trials", "trial_medians_ms", "samples_ms")
-
-
 def _unprefixed(group: pd.DataFrame) -> pd.DataFrame:
     """The passes' GPU-time columns of one (cell, mode, phase), under the names combine_timed reads."""
-    cols = [c for c in _GPU_STATS if GPU + c in group]
+    cols = [c for c in GPU_TIME_STATS if GPU_TIME_PREFIX + c in group]
     sub = (
-        group[[PASS] + [GPU + c for c in cols]].rename(columns={GPU + c: c for c in cols})
+        group[[PASS] + [GPU_TIME_PREFIX + c for c in cols]].rename(columns={GPU_TIME_PREFIX + c: c for c in cols})
         if PASS in group
-        else group[[GPU + c for c in cols]]
+        else group[[GPU_TIME_PREFIX + c for c in cols]]
     )
     return sub[pd.to_numeric(sub["median_ms"], errors="coerce").notna()] if "median_ms" in sub else sub.iloc[0:0]
 
 
 def _prefixed(row: dict) -> dict:
-    return {GPU + c: row[c] for c in (*_GPU_STATS, "passes", "pass_medians_ms") if c in row}
+    return {GPU_TIME_PREFIX + c: row[c] for c in (*GPU_TIME_STATS, "passes", "pass_medians_ms") if c in row}
 
 
 def _pass_ratios(group: pd.DataFrame) -> list[float]:
@@ -270,14 +267,14 @@ def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0, min_gpu_busy: float
                    for g in groups]  # fmt: skip
         pools = pooled_drift([(c, [float(m) for m in g["median_ms"]]) for c, g in zip(classes, groups) if c in POOLED])
         rows = [combine_timed(g, floor_rel, pools.get(c)) for c, g in zip(classes, groups)]
-        if GPU + "median_ms" in df:  # the CUDA-graph replay of the same step: GPU-bound by construction
+        if GPU_TIME_PREFIX + "median_ms" in df:  # the CUDA-graph replay of the same step: GPU-bound by construction
             gpu = [_unprefixed(g) for g in groups]
             gpu_pool = pooled_drift([("gpu-bound", [float(m) for m in g["median_ms"]]) for g in gpu if len(g)]).get("gpu-bound")
             for row, g in zip(rows, gpu):
                 if len(g):
                     row.update(_prefixed(combine_timed(g, floor_rel, gpu_pool)))
         parts.append(pd.DataFrame(rows))
-    pairs = ok & (df["kind"].astype(str) == "pair") if "kind" in df else ok & False
+    pairs = ok & (df["kind"].astype(str) == PAIR_KIND) if "kind" in df else ok & False
     if pairs.any():
         pair_groups = [g for _, g in df[pairs].groupby(["cell_id", "mode", "phase", "pair_with"], sort=False)]
         # a comparison's drift pools with comparisons of the same kind in cells as host-bound (eager / graph

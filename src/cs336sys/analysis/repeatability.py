@@ -29,9 +29,10 @@ import pandas as pd
 
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.metrics import add_flags
-from cs336sys.analysis.passes import GPU
 from cs336sys.analysis.tables import OK, load_study
 from cs336sys.fileio import write_text_atomic
+from cs336sys.pipeline.columns import GPU_TIME_PREFIX as GPU
+from cs336sys.pipeline.columns import PAIR_KIND
 
 KEYS = ["study", "cell_id", "mode", "phase"]
 MOVED = 0.05  # a repeat that differs by more than this share must be flagged in both runs
@@ -70,7 +71,7 @@ def _measures(run_dir: Path) -> dict[str, pd.DataFrame]:
         gpu = timed[pd.to_numeric(timed[GPU + "median_ms"], errors="coerce").notna()]
         out[GPU_TIME] = gpu.assign(value=gpu[GPU + "median_ms"], low=gpu.get(GPU + "ci_low_ms"), high=gpu.get(GPU + "ci_high_ms"))
     if "kind" in df and {"ratio", "pair_with"} <= set(df.columns):
-        pairs = df[(df["kind"] == "pair") & pd.to_numeric(df["ratio"], errors="coerce").notna()]
+        pairs = df[(df["kind"] == PAIR_KIND) & pd.to_numeric(df["ratio"], errors="coerce").notna()]
         out[PAIRED] = pairs.assign(value=pairs["ratio"], low=pairs.get("ratio_ci_low"), high=pairs.get("ratio_ci_high"))
     keys = {EAGER: KEYS, GPU_TIME: KEYS, PAIRED: PAIR_KEYS}
     return {m: rows.drop_duplicates(keys[m]).set_index(keys[m]) for m, rows in out.items() if not rows.empty}

@@ -16,5 +16,18 @@ TIMING_COLUMNS = [
     "trial_medians_ms", "samples_ms", "flops", "warmup_s", "timed_s", "warmup_steps_run", "first_step_s", "kind",
     "stop_reason",
 ]  # fmt: skip
-PASS_COLUMNS = ["passes", "pass_medians_ms"]  # the merge's fold of a cell's passes
+PASS_COLUMNS = ["passes", "pass_medians_ms"]
+# A paired comparison's row (studies' ``Study.pairs``, measure.interleave) is this ``kind``.
+PAIR_KIND = "pair"
+# The same step replayed as CUDA graphs, beside an eager row: these statistics under this prefix.
+GPU_TIME_PREFIX = "gpu_"
+GPU_TIME_STATS = (
+    "median_ms",
+    "ci_low_ms",
+    "ci_high_ms",
+    "n",
+    "trials",
+    "trial_medians_ms",
+    "samples_ms",
+)  # the merge's fold of a cell's passes
 RESERVED_COLUMNS = frozenset(HEAD_COLUMNS + ENV_COLUMNS + TIMING_COLUMNS + PASS_COLUMNS + ["phase"])

@@ -46,6 +46,16 @@ class Pair:
     always: bool = False  # timed even where the partner is not a cell (the CUDA-graph replay of an eager step)
     when: Callable[[Axes], bool] | None = None  # only cells for which this holds time the partner
 
+    @property
+    def partner(self) -> str:
+        """The ``pair_with`` value of this comparison's rows: ``cuda_graphs=1``, ``precision=bf16``…"""
+        return partner_name(self.axis, self.other)
+
+
+def partner_name(axis: str, value: Any) -> str:
+    """How rows name a partner configuration: ``<axis>=<value>``, booleans as 0/1 as in cell ids."""
+    return f"{axis}={format_value(value)}"
+
 
 @dataclass(frozen=True)
 class Study:

@@ -6,12 +6,13 @@ With ``cuda_graphs`` each phase is captured once and replayed: the GPU-bound tim
 of the same computation. Every mode also records the share of its step the GPU
 was busy (``gpu_busy_frac``).
 
-An eager cell on a GPU times more than itself, in the same process, as interleaved
-blocks (``measure.timing.time_arms``): the same step replayed as CUDA graphs (its
+A cell first times its own configuration alone (its peak memory and busy share
+come from this block, before anything else allocates). With partners (the study's
+``Study.pairs``) it then times more, in the same process, as interleaved blocks
+(``measure.interleave.time_arms``): the same step replayed as CUDA graphs (its
 ``gpu_*`` columns: what the GPU needs, free of the host's drift) and each partner
-configuration that the study's pairs name (``partners``: bf16 beside fp32, SDPA
-beside eager attention…), whose paired ratios become ``kind=pair`` rows. Peak memory
-is measured first, on the cell's own configuration alone.
+configuration (bf16 beside fp32, SDPA beside eager attention…), whose paired ratios
+become ``kind=pair`` rows; the cell's own blocks join its first one.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from cs336sys.measure.timing import STEP, StepClock, Timing, merge_timings, time
 from cs336sys.models.dtypes import set_matmul_precision
 from cs336sys.models.optim import make_optimizer
 from cs336sys.models.variants import MODES, needs_cuda
+from cs336sys.pipeline.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND
 from cs336sys.pipeline.rows import Skip
+from cs336sys.studies import partner_name
 
-OWN, GRAPH = "own", "cuda_graphs=1"
+OWN, GRAPH = "own", partner_name("cuda_graphs", True)
 NO_GRAPH_ON_CPU = "GPU time needs CUDA graphs (a CUDA device)"
 
 
@@ -122,7 +125,7 @@ def measure(
             yield from _pair_rows(result, mode, extra["optimizer"])
         for name, note in notes.items():
             if name != GRAPH:
-                yield {"kind": "pair", "mode": mode, "phase": STEP, "pair_with": name, "pair_note": note}
+                yield {"kind": PAIR_KIND, "mode": mode, "phase": STEP, "pair_with": name, "pair_note": note}
         memory.release(device)
 
 
@@ -131,7 +134,7 @@ def _gpu_columns(graph: Timing | None, phase: str) -> dict[str, Any]:
     if stats is None:
         return {}
     row = stats.as_row()
-    return {f"gpu_{k}": row[k] for k in ("median_ms", "ci_low_ms", "ci_high_ms", "n", "trials", "trial_medians_ms", "samples_ms")}
+    return {GPU_TIME_PREFIX + k: row[k] for k in GPU_TIME_STATS}
 
 
 def _pair_rows(result, mode: str, optimizer: str) -> Iterator[dict[str, Any]]:
@@ -144,7 +147,7 @@ def _pair_rows(result, mode: str, optimizer: str) -> Iterator[dict[str, Any]]:
                 continue
             ratio = result.ratio(OWN, name, phase)
             own_b, other_b = result.blocks[OWN][phase], result.blocks[name][phase]
-            yield {"kind": "pair", "mode": mode, "phase": phase, "pair_with": name, "ratio": ratio.median,
+            yield {"kind": PAIR_KIND, "mode": mode, "phase": phase, "pair_with": name, "ratio": ratio.median,
                    "ratio_ci_low": ratio.low, "ratio_ci_high": ratio.high, "pairs": ratio.n,
                    "own_ms": result.arms[OWN].phases[phase].median_ms, "partner_ms": result.arms[name].phases[phase].median_ms,
                    "own_blocks_ms": ";".join(f"{x:.4f}" for x in own_b), "partner_blocks_ms": ";".join(f"{x:.4f}" for x in other_b),
@@ -170,7 +173,7 @@ def _arms(own, cuda_graphs, partners, device, model, run_model, inputs, targets,
         ((axis, value),) = overrides.items()
         if axis == "cuda_graphs":
             continue
-        name = f"{axis}={int(value) if isinstance(value, bool) else value}"
+        name = partner_name(axis, value)
         if name in arms or name in notes:
             continue
         try:

@@ -21,20 +21,14 @@ from cs336sys.analysis.metrics import FLAG_DEFAULTS
 from cs336sys.analysis.passes import drift_class
 from cs336sys.analysis.tables import ok_rows
 from cs336sys.measure.stats import Interval
+from cs336sys.pipeline.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND
 from cs336sys.studies import Pair, format_value, study
 
 LM_KEYS = ["size", "context_length", "precision", "impl", "compile", "cuda_graphs"]
-PAIR = "pair"  # the ``kind`` of a paired-ratio row
+PAIR = PAIR_KIND
 # the replay's columns under the names of a timed row's (passes.py folds them the same way)
-GPU_COLUMNS = {
-    "gpu_median_ms": "median_ms",
-    "gpu_ci_low_ms": "ci_low_ms",
-    "gpu_ci_high_ms": "ci_high_ms",
-    "gpu_n": "n",
-    "gpu_trials": "trials",
-    "gpu_trial_medians_ms": "trial_medians_ms",
-    "gpu_samples_ms": "samples_ms",  # in step order, as the eager ones: phases of one replayed step pair up
-}
+# the replay's columns under a timed row's names (samples in step order: the phases of one step pair up)
+GPU_COLUMNS = {GPU_TIME_PREFIX + stat: stat for stat in GPU_TIME_STATS}
 REPLAY, GRAPH_CELL = "replay", "graph cell"  # where a row's GPU time came from (``gpu_source``)
 PAIRED, TWO_CELLS = "paired", "two cells"  # where a comparison's ratio came from (``source``)
 
@@ -54,14 +48,9 @@ def pair_spec(axis: str) -> Pair | None:
     return next((p for p in study("e2e").pairs if p.axis == axis), None)
 
 
-def partner_name(pair: Pair) -> str:
-    """The ``pair_with`` value of a pair's rows: ``cuda_graphs=1``, ``precision=bf16``…"""
-    return f"{pair.axis}={format_value(pair.other)}"
-
-
 def pair_labels() -> dict[str, str]:
     """``pair_with`` value → how the report names that comparison (the study's ``Pair.label``)."""
-    return {partner_name(p): p.label for p in study("e2e").pairs}
+    return {p.partner: p.label for p in study("e2e").pairs}
 
 
 def pair_rows(df: pd.DataFrame, pair_with: str | None = None, **where) -> pd.DataFrame:
@@ -140,7 +129,7 @@ def comparison(df: pd.DataFrame, axis: str, phases: tuple[str, ...] = ("step",))
     keys = [k for k in LM_KEYS if k != axis and k in df] + ["mode", "phase"]
     cells = paired_ratios(rows, keys, axis, format_value(pair.base), format_value(pair.other)) if axis in rows else pd.DataFrame()
     cells = cells.assign(source=TWO_CELLS, **{axis: format_value(pair.base)}) if not cells.empty else cells
-    paired = pair_rows(df, partner_name(pair))
+    paired = pair_rows(df, pair.partner)
     paired = paired[paired["phase"].isin(phases)]
     out: dict[tuple, dict] = {}
     for _, r in cells.iterrows():
