@@ -78,3 +78,19 @@ def bf16_dot_in_the_interpreter(monkeypatch):
     monkeypatch.setattr(
         interpreter.InterpreterBuilder, "create_dot", lambda self, a, b, *rest: create_dot(self, upcast(a), upcast(b), *rest)
     )
+
+
+@pytest.fixture(scope="module")
+def demo_config():
+    """The CPU demo's config as the workflow reads it (config.yaml, then the preset), not yet validated."""
+    from workflow_helpers import DEMO, REPO, load_config
+
+    return load_config(REPO, DEMO)
+
+
+@pytest.fixture
+def cfg(demo_config):
+    """A copy of the demo's config that a test may change."""
+    import copy
+
+    return copy.deepcopy(demo_config)

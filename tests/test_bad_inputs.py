@@ -44,11 +44,6 @@ STUDIES = "choose from e2e, warmup, attention, mha, flash, profile, memory, prec
 NAME_RULE = "letters, digits, '.', '+', '-', starting with a letter or digit"
 
 
-@pytest.fixture(scope="module")
-def demo_config():
-    return load_config(REPO, DEMO)
-
-
 @pytest.fixture(autouse=True)
 def nothing_runs(monkeypatch):
     """No test here may start a measurement: the CLI imports run_cell from this module at call time."""

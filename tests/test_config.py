@@ -18,16 +18,6 @@ SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 PRESETS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "config").glob("*.yaml"))
 
 
-@pytest.fixture(scope="module")
-def demo_config():
-    return load_config(REPO, DEMO)
-
-
-@pytest.fixture
-def cfg(demo_config):
-    return copy.deepcopy(demo_config)
-
-
 def _error(config) -> str:
     with pytest.raises(ConfigError) as info:
         validate_config(config, SCHEMA)

@@ -41,16 +41,6 @@ from workflow_helpers import DEMO, DEMO_RUN, REPO, copy_repo, deep_update, load_
 TINY = {"d_model": 64, "d_ff": 256, "num_layers": 2, "num_heads": 4}
 
 
-@pytest.fixture(scope="module")
-def demo_config():
-    return load_config(REPO, DEMO)
-
-
-@pytest.fixture
-def cfg(demo_config):
-    return copy.deepcopy(demo_config)
-
-
 @pytest.fixture(autouse=True)
 def nothing_runs(monkeypatch):
     """No test here may start a measurement: the CLI imports run_cell from this module at call time."""
