@@ -8,7 +8,8 @@ synchronisations inside one range, and returns the median over steps of the
 share of the range's wall time covered by at least one kernel, memcpy or
 memset (overlapping streams counted once). The profiler's own per-launch cost
 makes a launch-bound step look slightly more host-bound than it is; a GPU-bound
-step still reads close to 1.
+step still reads close to 1. The profiler stays attached to the process and slows every
+later launch, so a cell profiles after all its timing (``timing.check_not_profiled``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from cs336sys.measure.stats import gpu_busy_fraction
-from cs336sys.measure.timing import StepClock, mark_gpu_busy, synchronize
+from cs336sys.measure.timing import StepClock, mark_gpu_busy, mark_profiled, synchronize
 
 WINDOW = "cs336sys.busy_window"
 NO_CUDA = "GPU busy share needs CUDA (a CPU has no separate device timeline)"
@@ -50,6 +51,7 @@ def gpu_busy_share(step: Callable[[StepClock], None], device: torch.device, step
                 step(StepClock(device))
                 synchronize(device)
     mark_gpu_busy()  # the next mode's warm-up finds the clocks up
+    mark_profiled("the busy share (torch.profiler)")  # so: profiled after every timing of the cell
     windows, kernels = _intervals(prof)
     shares = [gpu_busy_fraction(kernels, w) for w in windows if w[1] > w[0]]
     return statistics.median(shares) if shares else None

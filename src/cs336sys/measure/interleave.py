@@ -25,6 +25,7 @@ from cs336sys.measure.timing import (
     STEP,
     StepClock,
     Timing,
+    check_not_profiled,
     gpu_recently_busy,
     mark_gpu_busy,
     rel_half_width,
@@ -80,6 +81,7 @@ def time_arms(
     The first arm is the cell's own configuration. Arms named in ``warm`` ran just before
     (e.g. the cell's own block) and skip their warm-up.
     """
+    check_not_profiled()
     names = list(arms)
     if not names or block_steps < 1 or min_pairs < 2:
         raise ValueError("time_arms needs at least one arm, block_steps >= 1 and min_pairs >= 2")

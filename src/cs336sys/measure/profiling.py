@@ -89,6 +89,10 @@ def profile_steps(step_fn: Callable[[], None], *, steps: int, device: str, trace
         if device == "cuda":
             # inside the profiler: kernels still queued at exit would be cut off
             torch.cuda.synchronize()
+    if device == "cuda":
+        from cs336sys.measure.timing import mark_profiled
+
+        mark_profiled("the profile study (torch.profiler)")
     if trace_path is not None:
         # torch gzips by itself when the name ends in .gz (profile.export_chrome_trace);
         # the temp name keeps that suffix, the rename makes the write atomic.

@@ -43,6 +43,28 @@ WARM_GAP_S = 2.0
 _gpu_busy_at: float | None = None  # time.monotonic() when this process's GPU work last ended
 
 
+# torch.profiler with CUDA activities leaves CUPTI attached to the process (kineto finalises it only
+# with TEARDOWN_CUPTI=1, which crashed beside CUDA graphs before CUDA 12.6): every later launch pays
+# for it. On the H100 an eager step (small model, launch-bound) ran 9.9 -> 14.4 ms after the busy
+# profiler, 9.7 ms with TEARDOWN_CUPTI=1. So a process that profiled times nothing more.
+_profiled_by: str | None = None
+
+
+def mark_profiled(by: str) -> None:
+    """Note that ``by`` ran torch.profiler with CUDA in this process: :func:`check_not_profiled` refuses later timing."""
+    global _profiled_by
+    _profiled_by = by
+
+
+def check_not_profiled() -> None:
+    """Raise where this process already profiled CUDA: what it timed now would carry the profiler's cost."""
+    if _profiled_by is not None:
+        raise RuntimeError(
+            f"timing after {_profiled_by} profiled this process: CUPTI stays attached and slows every later launch; "
+            "time everything first and profile last"
+        )
+
+
 def state_sampler() -> Callable[[], Mapping[str, object]] | None:
     """The GPU/host state sampler that :func:`configure` set for this process (None: none)."""
     return _state_sampler
@@ -264,6 +286,7 @@ def time_steps(
     a drifting host gets the samples its interval needs, a steady one stops early.
     Arguments left None come from :data:`POLICY` and the sampler of :func:`configure`.
     """
+    check_not_profiled()
     trials = int(POLICY["trials"] if trials is None else trials)
     min_warmup_s = POLICY["min_warmup_s"] if min_warmup_s is None else min_warmup_s
     min_warmup_s = 0.0 if gpu_recently_busy() else min_warmup_s

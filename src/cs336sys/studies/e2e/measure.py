@@ -12,7 +12,8 @@ come from this block, before anything else allocates). With partners (the study'
 (``measure.interleave.time_arms``): the same step replayed as CUDA graphs (its
 ``gpu_*`` columns: what the GPU needs, free of the host's drift) and each partner
 configuration (bf16 beside fp32, SDPA beside eager attention…), whose paired ratios
-become ``kind=pair`` rows; the cell's own blocks join its first one.
+become ``kind=pair`` rows; the cell's own blocks join its first one. The busy share is
+profiled last, once nothing more is timed in the process (``measure.busy``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from cs336sys.measure import memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.flops import lm_forward_flops, phase_flops
-from cs336sys.measure.interleave import time_arms
+from cs336sys.measure.interleave import ArmsTiming, time_arms
 from cs336sys.measure.lm_steps import build_lm, graph_optimizer, graphed_lm_steps, lm_steps, setup_lm
 from cs336sys.measure.timing import STEP, StepClock, Timing, merge_timings, time_steps, timing_rows
 from cs336sys.models.dtypes import set_matmul_precision
@@ -92,41 +93,67 @@ def measure(
     }
     run = [m for m in MODES if m in modes]
     # 1. The cell's own configuration alone, as a cell without partners times it (the warm-up study's
-    #    cold steps included): its rows, peak memory and the GPU's busy share, before any other arm allocates.
+    #    cold steps included): its rows and peak memory, before any other arm allocates.
     alone: dict[str, tuple[Timing, dict[str, Any]]] = {}
-    for mode in run:
-        context["mode"] = mode
-        memory.reset_peak(device)
-        # With partners, the interleaved blocks below sample until the target and this first block
-        # only needs a step or two (peak memory, busy share); alone, it is the cell's measurement.
-        steps = block_steps if partners else measure_steps
-        timing = time_steps(own[mode], warmup=warmup_steps, steps=steps, device=device, target_rel=0.0 if partners else None)
-        busy = gpu_busy_share(own[mode], device)
-        extra = {"peak_mem_bytes": memory.peak_allocated_bytes(device), "gpu_busy_frac": busy, "gpu_busy_note": busy_note(busy, device)}
-        if mode == "train":
-            extra["mem_before_bwd_bytes"] = memory_log.get("before_backward")
-        alone[mode] = (timing, extra)
-    # 2. The arms timed beside it, interleaved: the CUDA-graph replay of the same step and the partners.
-    arms, notes = _arms(own, cuda_graphs, partners, device, model, run_model, inputs, targets, precision, optimizer, opt, spec,
-                        vocab_size, context_length, impl, seed)  # fmt: skip
-    for mode in run:
-        context["mode"] = mode
-        timing, extra = alone[mode]
-        result = None
-        if len(arms) > 1:
-            mode_arms = {name: steps[mode] for name, steps in arms.items()}  # the own arm is warm from its first block
-            result = time_arms(mode_arms, warmup=warmup_steps, block_steps=block_steps, device=device, warm=(OWN,))
-            timing = merge_timings(timing, result.arms[OWN])  # every timed block of the cell's own step
-        extra = {"mode": mode, **common, **extra, "gpu_note": notes.get(GRAPH, "")}
-        graph = result.arms.get(GRAPH) if result is not None else None
-        for row in timing_rows(timing, phase_flops(fwd, mode), extra):
-            yield {**row, **_gpu_columns(graph, row["phase"])}
-        if result is not None:
-            yield from _pair_rows(result, mode, extra["optimizer"])
-        for name, note in notes.items():
-            if name != GRAPH:
-                yield {"kind": PAIR_KIND, "mode": mode, "phase": STEP, "pair_with": name, "pair_note": note}
+    paired: dict[str, ArmsTiming] = {}
+    notes: dict[str, str] = {}
+    try:
+        for mode in run:
+            context["mode"] = mode
+            memory.reset_peak(device)
+            # With partners, the interleaved blocks below sample until the target and this first block
+            # only needs one block (peak memory); alone, it is the cell's measurement.
+            first = {"steps": block_steps, "target_rel": 0.0, "min_measure_s": 0.0} if partners else {"steps": measure_steps}
+            timing = time_steps(own[mode], warmup=warmup_steps, device=device, **first)
+            extra = {"peak_mem_bytes": memory.peak_allocated_bytes(device)}
+            if mode == "train":
+                extra["mem_before_bwd_bytes"] = memory_log.get("before_backward")
+            alone[mode] = (timing, extra)
+        # 2. The arms timed beside it, interleaved: the CUDA-graph replay of the same step and the partners.
+        arms, notes = _arms(own, cuda_graphs, partners, device, model, run_model, inputs, targets, precision, optimizer, opt,
+                            spec, vocab_size, context_length, impl, seed)  # fmt: skip
+        for mode in run:
+            context["mode"] = mode
+            if len(arms) > 1:
+                mode_arms = {name: steps[mode] for name, steps in arms.items()}  # the own arm is warm from its first block
+                paired[mode] = time_arms(mode_arms, warmup=warmup_steps, block_steps=block_steps, device=device, warm=(OWN,))
+    except torch.OutOfMemoryError:
+        # a mode measured before the one that ran out keeps its rows; the runner records the OOM of this one
+        failed = context.get("mode")
         memory.release(device)
+        for mode in alone:
+            if mode != failed:
+                alone[mode][1].update(gpu_busy_frac=None, gpu_busy_note=f"not measured: {failed} ran out of memory after it")
+                yield from _mode_rows(mode, alone[mode], paired.get(mode), notes, common, fwd)
+        context["mode"] = failed
+        raise
+    # 3. The busy share last: the profiler leaves CUPTI attached to the process (kineto tears it down only with
+    #    TEARDOWN_CUPTI=1), and every launch after it ran 10-45% slower on the H100 (timing.check_not_profiled).
+    for mode in run:
+        context["mode"] = mode
+        busy = gpu_busy_share(own[mode], device)
+        alone[mode][1].update(gpu_busy_frac=busy, gpu_busy_note=busy_note(busy, device))
+    for mode in run:
+        context["mode"] = mode
+        yield from _mode_rows(mode, alone[mode], paired.get(mode), notes, common, fwd)
+    memory.release(device)
+
+
+def _mode_rows(mode: str, alone: tuple[Timing, dict[str, Any]], result: ArmsTiming | None, notes: Mapping[str, str],
+               common: Mapping[str, Any], fwd: float) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """One mode's rows: its phases (with their GPU time), its paired ratios, and why a partner is missing."""
+    timing, extra = alone
+    if result is not None:
+        timing = merge_timings(timing, result.arms[OWN])  # every timed block of the cell's own step
+    extra = {"mode": mode, **common, **extra, "gpu_note": notes.get(GRAPH, "")}
+    graph = result.arms.get(GRAPH) if result is not None else None
+    for row in timing_rows(timing, phase_flops(fwd, mode), extra):
+        yield {**row, **_gpu_columns(graph, row["phase"])}
+    if result is not None:
+        yield from _pair_rows(result, mode, extra["optimizer"])
+    for name, note in notes.items():
+        if name != GRAPH:
+            yield {"kind": PAIR_KIND, "mode": mode, "phase": STEP, "pair_with": name, "pair_note": note}
 
 
 def _gpu_columns(graph: Timing | None, phase: str) -> dict[str, Any]:

@@ -51,18 +51,29 @@ def measure(
         with clock.phase("backward"):
             out.float().pow(2).mean().backward()
 
-    for mode, step in (("inference", inference), ("train", train)):
+    steps = {"inference": inference, "train": train}
+    timed = {}
+
+    def rows(mode: str, busy: float | None, note: str) -> Iterator[dict[str, Any]]:
+        timing, peak = timed[mode]
+        extra = {"mode": mode, **common, "peak_mem_bytes": peak, "gpu_busy_frac": busy, "gpu_busy_note": note}
+        return timing_rows(timing, phase_flops(fwd, mode), extra)
+
+    for mode, step in steps.items():
         context["mode"] = mode
         memory.reset_peak(device)
-        timing = time_steps(step, warmup=warmup_steps, steps=measure_steps, device=device)
-        peak = memory.peak_allocated_bytes(device)
+        try:
+            timing = time_steps(step, warmup=warmup_steps, steps=measure_steps, device=device)
+        except torch.OutOfMemoryError:
+            memory.release(device)
+            for done in timed:  # measured before this mode ran out: its rows stay; the runner records the OOM
+                yield from rows(done, None, f"not measured: {mode} ran out of memory after it")
+            context["mode"] = mode
+            raise
+        timed[mode] = (timing, memory.peak_allocated_bytes(device))
+    # the busy share once nothing more is timed: the profiler slows every later launch (measure.busy)
+    for mode, step in steps.items():
+        context["mode"] = mode
         busy = gpu_busy_share(step, device)
-        extra = {
-            "mode": mode,
-            **common,
-            "peak_mem_bytes": peak,
-            "gpu_busy_frac": busy,
-            "gpu_busy_note": busy_note(busy, device),
-        }
-        yield from timing_rows(timing, phase_flops(fwd, mode), extra)
-        memory.release(device)
+        yield from rows(mode, busy, busy_note(busy, device))
+    memory.release(device)
