@@ -35,14 +35,18 @@ def test_memory_cap_turns_a_cell_that_fits_into_oom():
 
 
 @pytest.mark.gpu
-def test_cuda_graph_cell_replays_the_whole_step():
+def test_cuda_graph_cell_replays_one_graph_per_phase():
     kwargs = dict(size="tiny", context_length=128, precision="bf16", impl="sdpa", compile=False, cuda_graphs=True,
                   warmup_steps=2, measure_steps=5, batch_size=4, vocab_size=1000, extra_sizes=TINY)  # fmt: skip
     cell = Cell("e2e", "graphs", {}, "cs336sys.studies.e2e.measure:measure", kwargs, device="cuda", timeout_s=300, timing={"trials": 2})
     rows = pd.DataFrame(run_cell(cell))
     assert set(rows["status"]) == {"ok"}, rows["error"].tolist()
-    assert set(rows["phase"]) == {"step"}  # one replay: no phase split
-    assert set(rows["optimizer"].dropna()) == {"fused-capturable"}
+    phases = rows.groupby("mode")["phase"].agg(set).to_dict()
+    assert phases == {"inference": {"step", "forward"}, "train": {"step", "forward", "backward", "optimizer_step"}}
+    train = rows[rows["mode"] == "train"].set_index("phase")["median_ms"]
+    # one graph per phase, replayed back to back: the phases add up to the step (its two syncs aside)
+    assert train[["forward", "backward", "optimizer_step"]].sum() == pytest.approx(train["step"], rel=0.25)
+    assert set(rows["optimizer"].dropna()) == {"course-captured"}
     assert (rows["ci_low_ms"] <= rows["median_ms"]).all() and (rows["median_ms"] <= rows["ci_high_ms"]).all()
     assert rows["gpu_busy_frac"].between(0, 1).all()
     assert rows["gpu_uuid"].str.startswith("GPU-").all()  # the leased GPU, from the lock

@@ -35,6 +35,7 @@ from cs336sys.analysis.compare_plot import cell_text, cells_md, md
 from cs336sys.analysis.html import report_page
 from cs336sys.analysis.tables import load_study
 from cs336sys.fileio import atomic_path, write_text_atomic
+from cs336sys.pipeline.columns import timed_kind
 
 ENV_FIELDS = ("device_name", "driver_version", "torch_version", "cuda_version", "git_commit", "host")
 KEYS = ("cell_id", "mode", "phase")
@@ -85,7 +86,7 @@ def _truthy(value: Any) -> bool:
 def _prepare(df: pd.DataFrame) -> pd.DataFrame:
     """Timing rows only, string keys ('' where absent), numeric times, one row per key."""
     if "kind" in df.columns:
-        df = df[df["kind"].isna() | (df["kind"] == "timing")]
+        df = df[timed_kind(df["kind"])]
     out = pd.DataFrame(index=df.index)
     for key in KEYS:
         out[key] = df[key].fillna("").astype(str) if key in df.columns else ""

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from cs336sys.measure.stats import log_t_interval, median_ci_order, paired_ratio, t_quantile_975, trial_ci
-from cs336sys.pipeline.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND
+from cs336sys.pipeline.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND, timed_kind
 
 PASS = "pass_index"
 KEY = ["cell_id", "mode", "phase"]
@@ -197,7 +197,7 @@ def _pass_ratios(group: pd.DataFrame) -> list[float]:
     return out
 
 
-def combine_pairs(group: pd.DataFrame, pooled: tuple[float, int] | None = None) -> dict:
+def combine_pairs(group: pd.DataFrame, pooled: tuple[float, int] | None = None, floor_rel: float = 0.0) -> dict:
     """One paired-ratio row from the passes of one (cell, mode, phase, partner).
 
     Within a pass, interleaving cancels the host's drift, and all passes' pairs together
@@ -207,18 +207,24 @@ def combine_pairs(group: pd.DataFrame, pooled: tuple[float, int] | None = None) 
     inside each other's paired intervals. So, as for timed rows, the interval is the
     envelope of the paired one and the between-pass one (:func:`pass_interval`, drift
     pooled over the study's comparisons of the same kind, ``pooled``). A pass that could not pair adds nothing.
+    The interval floor applies as to timed rows: on an H100, a GPU-bound ratio paired within ±0.2%
+    moved 0.5% between runs.
     """
     group = group.sort_values(PASS) if PASS in group else group
     row = group.iloc[0].to_dict()
     own = [x for v in group.get("own_blocks_ms", []) for x in _floats(v)]
     other = [x for v in group.get("partner_blocks_ms", []) for x in _floats(v)]
-    if len(group) == 1 or not own:
+    if not own:
+        return row
+    if len(group) == 1:
+        row["ratio_ci_low"], row["ratio_ci_high"] = widen(row["ratio"], row["ratio_ci_low"], row["ratio_ci_high"], floor_rel)
         return row
     ratio = paired_ratio(own, other)
     low, high = ratio.low, ratio.high
     between = pass_interval(ratio.median, _pass_ratios(group), pooled)
     if between is not None and all(math.isfinite(x) for x in between):
         low, high = min(low, between[0]), max(high, between[1])
+    low, high = widen(ratio.median, low, high, floor_rel)
     row.update(ratio=ratio.median, ratio_ci_low=low, ratio_ci_high=high, pairs=ratio.n, passes=len(group),
                pass_ratios=";".join(f"{r:.4f}" for r in _pass_ratios(group)),
                own_ms=float(np.median(own)), partner_ms=float(np.median(other)),
@@ -257,7 +263,7 @@ def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0, min_gpu_busy: float
     ok = df["status"] == "ok"
     timed = ok & pd.to_numeric(df.get("median_ms", pd.Series(index=df.index, dtype=float)), errors="coerce").notna()
     if "kind" in df:
-        timed &= df["kind"].isna() | (df["kind"].astype(str) == "")
+        timed &= timed_kind(df["kind"])
     df = df.assign(_order=df.groupby("cell_id", sort=False).ngroup())  # keep the cells' order of appearance
     key = [c for c in KEY if c in df]
     parts: list[pd.DataFrame] = []
@@ -286,7 +292,7 @@ def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0, min_gpu_busy: float
                 f"{drift_class(busy.get((g['cell_id'].iloc[0], g['mode'].iloc[0])) if len(busy) else None, min_gpu_busy)}"
                 for g in pair_groups]  # fmt: skip
         pair_pools = pooled_drift([(k, _pass_ratios(g)) for k, g in zip(kind, pair_groups)])
-        parts.append(pd.DataFrame([combine_pairs(g, pair_pools.get(k)) for k, g in zip(kind, pair_groups)]))
+        parts.append(pd.DataFrame([combine_pairs(g, pair_pools.get(k), floor_rel) for k, g in zip(kind, pair_groups)]))
     other = df[ok & ~timed & ~pairs]
     if not other.empty:
         first = other.groupby("cell_id")[PASS].transform("min")

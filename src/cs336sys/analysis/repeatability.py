@@ -32,7 +32,7 @@ from cs336sys.analysis.metrics import add_flags
 from cs336sys.analysis.tables import OK, load_study
 from cs336sys.fileio import write_text_atomic
 from cs336sys.pipeline.columns import GPU_TIME_PREFIX as GPU
-from cs336sys.pipeline.columns import PAIR_KIND
+from cs336sys.pipeline.columns import PAIR_KIND, timed_kind
 
 KEYS = ["study", "cell_id", "mode", "phase"]
 MOVED = 0.05  # a repeat that differs by more than this share must be flagged in both runs
@@ -56,7 +56,7 @@ def _timed(run_dir: Path, flags: dict | None) -> pd.DataFrame:
     df = add_flags(_rows(run_dir), flags)
     df = df[df["median_ms"].notna()]
     if "kind" in df:
-        df = df[df["kind"].isna() | (df["kind"] == "timing")]
+        df = df[timed_kind(df["kind"])]
     return df.drop_duplicates(KEYS).set_index(KEYS)
 
 
@@ -65,7 +65,7 @@ def _measures(run_dir: Path) -> dict[str, pd.DataFrame]:
     df = _rows(run_dir)
     timed = df[df["median_ms"].notna()]
     if "kind" in timed:
-        timed = timed[timed["kind"].isna() | (timed["kind"] == "timing")]
+        timed = timed[timed_kind(timed["kind"])]
     out = {EAGER: timed.assign(value=timed["median_ms"], low=timed.get("ci_low_ms"), high=timed.get("ci_high_ms"))}
     if GPU + "median_ms" in timed:
         gpu = timed[pd.to_numeric(timed[GPU + "median_ms"], errors="coerce").notna()]

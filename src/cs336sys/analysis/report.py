@@ -15,6 +15,7 @@ from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.tables import failures, load_study, ok_rows
 from cs336sys.fileio import write_text_atomic
 from cs336sys.measure.flops import BACKWARD_FACTOR
+from cs336sys.pipeline.columns import timed_kind
 from cs336sys.studies import report_module
 from cs336sys.studies import study as get_study
 
@@ -79,7 +80,7 @@ def cell_table(df: pd.DataFrame, axes: Sequence[str]) -> pd.DataFrame:
         return df
     ok = ok_rows(df)
     if "kind" in ok:  # timed rows: kind "timing" (profile) or empty (e2e, beside its kind=pair rows)
-        ok = ok[ok["kind"].isna() | ok["kind"].isin(["", "timing"])]
+        ok = ok[timed_kind(ok["kind"])]
     ok = ok.dropna(subset=["median_ms"]) if "median_ms" in ok else ok.iloc[0:0]
     table = pd.DataFrame()
     if not ok.empty:

@@ -19,6 +19,16 @@ TIMING_COLUMNS = [
 PASS_COLUMNS = ["passes", "pass_medians_ms"]
 # A paired comparison's row (studies' ``Study.pairs``, measure.interleave) is this ``kind``.
 PAIR_KIND = "pair"
+# A timed row's ``kind``: empty (e2e beside its pair rows, most studies) or "timing" (the profile
+# study, beside its kernel rows). Every timed row is folded across passes and gets the interval floor.
+TIMED_KINDS = ("", "timing")
+
+
+def timed_kind(kind):  # a pandas Series of ``kind`` → a boolean Series (no pandas import here)
+    """Which rows are timed rows by their ``kind`` (NaN counts as empty)."""
+    return kind.isna() | kind.astype(str).isin(TIMED_KINDS)
+
+
 # The same step replayed as CUDA graphs, beside an eager row: these statistics under this prefix.
 GPU_TIME_PREFIX = "gpu_"
 GPU_TIME_STATS = (

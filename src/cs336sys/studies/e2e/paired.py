@@ -21,7 +21,7 @@ from cs336sys.analysis.metrics import FLAG_DEFAULTS
 from cs336sys.analysis.passes import drift_class
 from cs336sys.analysis.tables import ok_rows
 from cs336sys.measure.stats import Interval
-from cs336sys.pipeline.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND
+from cs336sys.pipeline.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND, timed_kind
 from cs336sys.studies import Pair, format_value, study
 
 LM_KEYS = ["size", "context_length", "precision", "impl", "compile", "cuda_graphs"]
@@ -39,7 +39,7 @@ def timed(df: pd.DataFrame, **where) -> pd.DataFrame:
     if rows.empty or "median_ms" not in rows:
         return rows.iloc[0:0]
     if "kind" in rows:
-        rows = rows[rows["kind"].isna() | rows["kind"].astype(str).isin(["", "timing"])]
+        rows = rows[timed_kind(rows["kind"])]
     return rows[pd.to_numeric(rows["median_ms"], errors="coerce").notna()]
 
 
