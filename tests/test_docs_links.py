@@ -189,6 +189,30 @@ def _repeatability() -> list[str]:
     ]
 
 
+def _gpu_time_and_pairs() -> list[str]:
+    e2e = _read("results/h100-b4f53bf/e2e.csv")
+    timed, pairs = e2e[e2e["kind"].isna()], e2e[e2e["kind"] == "pair"]
+    gpu = (timed["gpu_ci_high_ms"] - timed["gpu_ci_low_ms"]) / 2 / timed["gpu_median_ms"]
+    width = (pairs["ratio_ci_high"] - pairs["ratio_ci_low"]) / 2 / pairs["ratio"]
+    return [
+        f"the {len(gpu)}\nGPU-time phase rows are within ±{gpu.max():.1%} of their median",
+        f"Of the {len(pairs)} paired ratios (fp32 / bf16, eager / graph), {(width <= 0.15).sum()} are within ±15%",
+        f"(±{width.max():.1%} at most)",
+    ]
+
+
+def _repeatability_h100() -> list[str]:
+    m = _read("report/h100-repeatability-b4f53bf/measures.csv")
+    inside = m.groupby(["study", "measure"])["b_inside_a"].agg(["mean", "size"])
+    e2e = inside.loc["e2e"]
+    return [
+        f"{e2e.loc['eager', 'mean']:.0%} of the {e2e.loc['eager', 'size']} eager e2e rows, "
+        f"{e2e.loc['GPU time', 'mean']:.0%} of the {e2e.loc['GPU time', 'size']}\nGPU-time rows and "
+        f"{e2e.loc['paired ratio', 'mean']:.1%} of the {e2e.loc['paired ratio', 'size']} paired ratios",
+        f"(attention {inside.loc[('attention', 'eager'), 'mean']:.1%}, mha {inside.loc[('mha', 'eager'), 'mean']:.1%}",
+    ]
+
+
 def _overhead() -> list[str]:
     jobs = _read("report/h100-overhead/jobs.csv")
     cold, warm = jobs[~jobs["warm_worker"]], jobs[jobs["warm_worker"]]
@@ -202,6 +226,8 @@ QUOTED = {  # the reference run or report → the text docs/results.md quotes fr
     "compare/h200-vs-h100": _compare,
     "h100-repeatability-passes": _repeatability,
     "h100-overhead": _overhead,
+    "h100-b4f53bf": _gpu_time_and_pairs,
+    "h100-repeatability-b4f53bf": _repeatability_h100,
 }
 
 
