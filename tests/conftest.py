@@ -19,27 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from other_account import other_user  # noqa: E402, F401  (a fixture: the second account of the hostile-user tests)
 
+
 # The fast lane, `pytest -m "not slow"`, leaves out every test that starts processes: a snakemake run or
-# dry run, a measuring child, the warm server, a job that is killed. Most files mark their own; these
-# files' tests are marked here by name while their owners edit them (move the marks into the files then).
-SLOW_BY_NAME = {
-    "test_warm.py": ("",),  # every test: the warm server and its jobs
-    "test_warm_hostile.py": ("",),
-    "test_kill.py": ("",),  # jobs and measuring children, killed
-    "test_gpulock.py": ("test_one_gpu_two_processes", "test_two_gpus_two_processes", "test_three_processes"),
-    "test_gpulock_hostile.py": ("test_rows_count_the_jobs", "test_jobs_of_the_same_run", "test_the_wait_", "test_the_cells_time_limit"),
-    "test_cells.py": ("test_normal_cell_gives_ok_rows", "test_injected_hang"),
-    "test_bad_inputs.py": ("test_snakemake_", "test_a_gpu_sweep_without_a_gpu"),
-    "test_strict_config.py": ("test_snakemake_",),
-    "test_config.py": ("test_snakemake_",),
-}
-
-
+# dry run, a measuring child, the warm server, a job that is killed; each file marks its own.
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        prefixes = SLOW_BY_NAME.get(item.path.name, ())
-        if any(item.name.startswith(p) for p in prefixes):
-            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

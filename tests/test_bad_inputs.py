@@ -363,6 +363,7 @@ def _assert_stopped_before_anything(root: Path, result) -> None:
         ("nan.yaml", "e2e:\n  timeout_s: .nan\n", ["'e2e.timeout_s'", "a number > 0"]),
     ],
 )
+@pytest.mark.slow
 def test_snakemake_dry_run_rejects_a_bad_preset(repo_copy, name, text, expected):
     (repo_copy / "config" / name).write_text(text)
     result = snakemake(repo_copy, "-n", "--configfile", DEMO, f"config/{name}", timeout=300)
@@ -370,12 +371,14 @@ def test_snakemake_dry_run_rejects_a_bad_preset(repo_copy, name, text, expected)
     _assert_names(result.output, *expected)
 
 
+@pytest.mark.slow
 def test_snakemake_stops_at_parse_time_on_an_unknown_fault_kind(repo_copy):
     result = snakemake(repo_copy, "-n", "--configfile", DEMO, env={FAULT_ENV: "hnag"}, timeout=300)
     _assert_stopped_before_anything(repo_copy, result)
     _assert_names(result.output, "common.smk", f"{FAULT_ENV}='hnag'", "unknown fault kind", "known: oom")
 
 
+@pytest.mark.slow
 def test_snakemake_yaml_syntax_error_is_reported_without_the_file(repo_copy):
     """A known limit: Snakemake parses --configfile files itself, before the workflow's own checks.
 
@@ -387,6 +390,7 @@ def test_snakemake_yaml_syntax_error_is_reported_without_the_file(repo_copy):
     assert "not valid JSON or YAML" in result.output, result.describe()
 
 
+@pytest.mark.slow
 def test_a_gpu_sweep_without_a_gpu_stops_before_its_first_cell(repo_copy):
     # the check runs when cell jobs are about to run (a compare or a report alone needs no GPU)
     result = snakemake(repo_copy, "--config", "run=no-gpu-here", env={"CUDA_VISIBLE_DEVICES": ""}, timeout=300)  # none, here too

@@ -123,6 +123,7 @@ def assert_env_columns(row, device="cpu"):
 # ---------------------------------------------------------------- outcomes
 
 
+@pytest.mark.slow
 def test_normal_cell_gives_ok_rows_with_axes_and_environment():
     rows = run_cell(make_cell(n=3, tag="hello"))
     assert len(rows) == 3
@@ -153,6 +154,7 @@ def test_injected_faults_become_rows(monkeypatch, quiet_faulthandler, fault, sta
     assert_env_columns(row)
 
 
+@pytest.mark.slow
 def test_injected_hang_becomes_timeout(monkeypatch):
     monkeypatch.setenv(FAULT_ENV, "hang")
     rows = run_cell(make_cell(timeout_s=2))

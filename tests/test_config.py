@@ -168,6 +168,7 @@ def test_time_limit_is_not_a_cell_setting(cfg):
         assert S.cell_settings(study, axes, changed) == before, study
 
 
+@pytest.mark.slow
 def test_snakemake_rejects_a_bad_config_before_any_job(tmp_path):
     root = copy_repo(tmp_path / "repo")
     write_yaml(root / "config" / "test-bad.yaml", {"e2e": {"batchsize": 4}})

@@ -67,6 +67,7 @@ def lock_env(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_one_gpu_two_processes_take_turns(tmp_path):
     first, second = _run_holders(tmp_path, "fake-0", 2)
     assert first["end"] <= second["start"]
@@ -77,6 +78,7 @@ def test_one_gpu_two_processes_take_turns(tmp_path):
     assert first["waited_s"] < 0.15
 
 
+@pytest.mark.slow
 def test_two_gpus_two_processes_run_at_once(tmp_path):
     a, b = _run_holders(tmp_path, "fake-0,fake-1", 2)
     assert {a["uuid"], b["uuid"]} == {"fake-0", "fake-1"}
@@ -84,6 +86,7 @@ def test_two_gpus_two_processes_run_at_once(tmp_path):
     assert a["waited_s"] < 0.2 and b["waited_s"] < 0.2
 
 
+@pytest.mark.slow
 def test_three_processes_two_gpus(tmp_path):
     rows = _run_holders(tmp_path, "fake-0,fake-1", 3)
     assert _max_overlap(rows) == 2  # both GPUs used at once, never a third holder

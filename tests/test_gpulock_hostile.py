@@ -287,6 +287,7 @@ def holder(tmp_path, fake_gpu, monkeypatch):
         proc.wait()
 
 
+@pytest.mark.slow
 def test_the_wait_names_the_holder_in_the_log_every_few_seconds(holder, monkeypatch, capfd):
     monkeypatch.setattr(gpulock, "WAIT_LOG_EVERY_S", 0.5, raising=False)
     proc = holder(30)
@@ -298,6 +299,7 @@ def test_the_wait_names_the_holder_in_the_log_every_few_seconds(holder, monkeypa
     assert all("fake-0" in line and "waiting" in line for line in lines), lines
 
 
+@pytest.mark.slow
 def test_the_cells_time_limit_bounds_the_wait_for_the_gpu(holder):
     proc = holder(8)
     t0 = time.monotonic()
@@ -310,6 +312,7 @@ def test_the_cells_time_limit_bounds_the_wait_for_the_gpu(holder):
     assert row["mode"] == ""  # no part started: the whole cell's failure
 
 
+@pytest.mark.slow
 def test_the_wait_counts_against_the_time_limit(holder):
     holder(1.5)
     t0 = time.monotonic()
@@ -404,6 +407,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, within_s: float = 60) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_rows_count_the_jobs_of_another_run_beside_them(tmp_path, monkeypatch):
     # two runs in two directories on one host with two (fake) GPUs: both measure at once
     monkeypatch.setenv("CS336SYS_FAKE_GPUS", "fake-0,fake-1")
@@ -432,6 +436,7 @@ def test_rows_count_the_jobs_of_another_run_beside_them(tmp_path, monkeypatch):
     assert b["concurrent_jobs"] == 1 and str(run_a) in b["concurrent_runs"], b
 
 
+@pytest.mark.slow
 def test_jobs_of_the_same_run_or_only_waiting_are_not_counted(tmp_path, fake_gpu, monkeypatch):
     use_locks(monkeypatch, tmp_path / "locks")
     run_a, run_b = tmp_path / "run-a", tmp_path / "run-b"

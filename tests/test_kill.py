@@ -29,6 +29,8 @@ from cs336sys.pipeline.cells import FAULT_ENV, Cell, run_cell
 from cs336sys.pipeline.config import validate_config
 from workflow_helpers import DEMO, REPO, copy_repo, load_config
 
+pytestmark = pytest.mark.slow  # every test: jobs and measuring children, killed
+
 SRC = str(REPO / "src")
 LOCK_ENVS = ("CS336SYS_FAKE_GPUS", "CS336SYS_LOCK_DIR", FAULT_ENV)
 

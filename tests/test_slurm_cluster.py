@@ -2,14 +2,20 @@
 
 ci/local-slurm.sh installs (Debian packages) and starts slurmctld + slurmd + munge (+ slurmdbd and
 MariaDB, so `sacct` works) with two fake GPUs advertised as gres/gpu, so the cells' `gpu=1` ->
-`sbatch --gpus=1` schedules. The CPU demo preset then runs once through SLURM and once locally, in
-two copies of the repository, and the outputs must be the same set of files with the same cells.
+`sbatch --gpus=1` schedules. Studies of the CPU demo preset then run once through SLURM and once
+locally, side by side in two copies of the workflow, and the outputs must be the same set of files
+with the same cells.
+
+By default two cheap studies: warmup (2 cells x 2 passes: the `_cell` and the `_pass1` rules) and
+precision (2 cells), 6 SLURM jobs on the node's 2 fake GPUs. Every SLURM job costs ~9 CPU-s (the
+plugin starts Snakemake twice in it) against ~5 for a local cell, and the whole preset (~50 jobs)
+took 6-8 min on 2 cores, nearly all of it those jobs; the preset's other studies add more cells of
+the same two rule kinds, not another path through the plugin.
 
 Needs root and apt-get, and runs only in CI (CI=true) or with CS336SYS_SLURM_TEST=1; skipped elsewhere. Deselect with `-m "not slurm"`.
-Knobs: SLURM_LOCAL_ACCOUNTING=0 runs the cluster without slurmdbd and the plugin with
-`--slurm-status-command squeue`; SLURM_TEST_TIMEOUT (s, default 900) bounds each snakemake run;
-SLURM_TEST_STUDIES=warmup,flash runs only those studies of the preset in both runs (default: all,
-about 50 cells; each SLURM job costs ~9 CPU-s, the local cell ~5).
+Knobs: SLURM_TEST_STUDIES=warmup,flash runs those studies of the preset in both runs, `all` the
+whole preset; SLURM_LOCAL_ACCOUNTING=0 runs the cluster without slurmdbd and the plugin with
+`--slurm-status-command squeue`; SLURM_TEST_TIMEOUT (s, default 900) bounds each snakemake run.
 """
 
 from __future__ import annotations
@@ -28,17 +34,17 @@ from pathlib import Path
 
 import pytest
 
+from workflow_helpers import DEMO as PRESET
+from workflow_helpers import DEMO_RUN as RUN
+from workflow_helpers import REPO, copy_repo
+
 pytestmark = pytest.mark.slurm
 
-REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "ci" / "local-slurm.sh"
-PRESET = "config/cpu-demo.yaml"
-RUN = "cpu-demo"
-# top-level entries of the repository that are not copied (outputs, caches, environments)
-NOT_COPIED = {".venv", "results", "report", "logs", ".snakemake", ".git", ".pytest_cache", ".whl", "report.html"}
 ACCOUNTING = os.environ.get("SLURM_LOCAL_ACCOUNTING", "1") != "0"
 TIMEOUT = int(os.environ.get("SLURM_TEST_TIMEOUT", "900"))
-STUDIES = [s for s in os.environ.get("SLURM_TEST_STUDIES", "").split(",") if s.strip()]
+_studies = os.environ.get("SLURM_TEST_STUDIES", "warmup,precision").strip()
+STUDIES = [] if _studies == "all" else [s.strip() for s in _studies.split(",") if s.strip()]
 # a --config on the command line replaces the profile's `config:` block, hence check_local_cuda again
 SUBSET = ["--config", f"studies=[{','.join(STUDIES)}]", "check_local_cuda=false"] if STUDIES else []
 SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
@@ -84,20 +90,12 @@ def slurm_cluster():
             print(f"local-slurm.sh stop: rc {s.returncode}\n{s.stderr[-2000:]}")
 
 
-def _copy_repo(dest: Path) -> Path:
-    def ignore(directory, names):
-        skip = NOT_COPIED if Path(directory) == REPO else set()
-        return [n for n in names if n in skip or n == "__pycache__"]
-
-    shutil.copytree(REPO, dest, ignore=ignore, symlinks=True)
-    return dest
-
-
 def _snakemake(workdir: Path, *args: str) -> tuple[int, str]:
     """Run snakemake in workdir; kill its whole process group after TIMEOUT (SIGTERM is not enough:
     on SIGTERM snakemake waits for running jobs, which with a broken status query is forever)."""
     cmd = [sys.executable, "-m", "snakemake", *args]
     logfile = workdir / "snakemake-test.log"
+    t0 = time.monotonic()
     with open(logfile, "w") as out:
         p = subprocess.Popen(cmd, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
@@ -106,6 +104,7 @@ def _snakemake(workdir: Path, *args: str) -> tuple[int, str]:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
             rc = -9
+    print(f"snakemake in {workdir.name}: rc {rc}, {time.monotonic() - t0:.0f} s")
     return rc, logfile.read_text()
 
 
@@ -145,12 +144,22 @@ def _slurm_diagnostics() -> str:
     return "\n".join(parts)
 
 
-def test_cpu_demo_on_slurm_matches_local_run(slurm_cluster, tmp_path):
-    cluster_dir = _copy_repo(tmp_path / "on-slurm")
-    local_dir = _copy_repo(tmp_path / "local")
+def _cell_rules(cells: list[str]) -> list[str]:
+    """The plugin's log folder name (rule_<rule>) of each rule that wrote these cell CSVs:
+    results/<run>/<study>/cells/<cell>.csv is <study>_cell, .../cells/pass<k>/<cell>.csv <study>_pass<k>."""
+    rules = set()
+    for path in cells:
+        parts = Path(path).parts
+        study, kind = parts[2], parts[4] if len(parts) == 6 else "cell"
+        rules.add(f"rule_{study}_{kind}")
+    return sorted(rules)
 
-    rc, dry = _snakemake(local_dir, "-n", "--cores", "1", "--configfile", PRESET, *SUBSET)
-    assert rc == 0, f"the workflow does not even dry-run:\n{_tail(dry)}"
+
+def test_cpu_demo_on_slurm_matches_local_run(slurm_cluster, tmp_path):
+    # no dry run first: a workflow that does not parse fails the local run at once, with the same message
+    cluster_dir = copy_repo(tmp_path / "on-slurm")
+    local_dir = copy_repo(tmp_path / "local")
+    print(f"studies: {', '.join(STUDIES) or 'all of ' + PRESET}")
 
     slurm_args = [
         "--profile",
@@ -161,9 +170,9 @@ def test_cpu_demo_on_slurm_matches_local_run(slurm_cluster, tmp_path):
         "--configfile",
         PRESET,
         *SUBSET,
-        # CI speed: first status check after 5 s (profile: 20 s); outputs are on a local disk
+        # CI speed: first status check after 2 s (profile: 20 s); outputs are on a local disk
         "--slurm-init-seconds-before-status-checks",
-        "5",
+        "2",
         "--latency-wait",
         "5",
     ]
@@ -191,11 +200,16 @@ def test_cpu_demo_on_slurm_matches_local_run(slurm_cluster, tmp_path):
     assert out_s["report"] == out_l["report"]
     assert out_s["cells"] == out_l["cells"]
 
+    if STUDIES:  # the subset, and only it, ran
+        assert sorted(out_l["merged"]) == sorted(f"{s}.csv" for s in STUDIES), sorted(out_l["merged"])
+
     # every cell ran as a SLURM job (and nothing else did: merge/plots/report are localrules)
     submitted = SUBMITTED.findall(log_s)
     rules = sorted({Path(logpath).parts[-3] for _, logpath in submitted})
     assert len(submitted) == len(out_s["cells"]), f"{len(submitted)} SLURM jobs for {len(out_s['cells'])} cell CSVs"
     assert all(re.fullmatch(r"rule_\w+_(cell|pass\d+)", r) for r in rules), rules
+    # each kind of cell rule the local run used (a study's pass 0 and its later passes) went through SLURM
+    assert rules == _cell_rules(out_l["cells"]), f"SLURM ran {rules}, the local run {_cell_rules(out_l['cells'])}"
     job_ids = {jobid for jobid, _ in submitted}
     # the plugin's per-job logs are kept (slurm-keep-successful-logs) and named <jobid>.log
     slurm_logs = {p.stem for p in (cluster_dir / ".snakemake" / "slurm_logs").rglob("*.log")}

@@ -468,6 +468,7 @@ SNAKEMAKE_CASES = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(SNAKEMAKE_CASES))
 def test_snakemake_dry_run_refuses_at_parse_time(repo_copy, case):
     text, entries, expected = SNAKEMAKE_CASES[case]
@@ -480,6 +481,7 @@ def test_snakemake_dry_run_refuses_at_parse_time(repo_copy, case):
     _assert_names(_stopped(repo_copy, result), *expected)
 
 
+@pytest.mark.slow
 def test_snakemake_cache_dir_null_on_the_command_line_is_null_and_a_device_change_is_refused(tmp_path):
     root = copy_repo(tmp_path / "repo")
     snapshot = root / "results" / DEMO_RUN / "config.yaml"

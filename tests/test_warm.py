@@ -28,6 +28,8 @@ from cs336sys.pipeline import warm
 from cs336sys.pipeline.config import validate_config
 from workflow_helpers import DEMO, REPO, load_config
 
+pytestmark = pytest.mark.slow  # every test: the warm server and its jobs
+
 SRC = str(REPO / "src")
 FAULT_ENV = "CS336SYS_INJECT_FAULT"
 

@@ -41,6 +41,8 @@ from other_account import fork_as
 from test_warm import FAULT_ENV, SRC, _servers, _stop_server
 from workflow_helpers import DEMO, REPO, load_config
 
+pytestmark = pytest.mark.slow  # every test: the warm server against a second account
+
 FAKE_COMMIT = "fa4efa4efa4e"
 
 # A job as the workflow's script runs it: the checkout's src/ put first on sys.path (run_cell.py does
