@@ -15,7 +15,8 @@
 # (a foreign one is backed up to slurm.conf.bak.<epoch> first).
 #
 # Knobs (environment, all optional):
-#   SLURM_LOCAL_DIR=/tmp/slurm-local   state, spool, logs, pid files, the "started" records
+#   SLURM_LOCAL_DIR=/var/lib/cs336sys-slurm-local   state, spool, logs, pid files, the "started" records
+#                                      (not /tmp: root would follow another account's symlinks there)
 #   SLURM_LOCAL_ACCOUNTING=1           1: MariaDB + slurmdbd, so `sacct` works (the status command
 #                                      profiles/slurm uses). 0: no accounting (faster, no MariaDB);
 #                                      then run snakemake with --slurm-status-command squeue.
@@ -27,7 +28,7 @@
 #   SLURM_LOCAL_TIMEOUT=60             seconds to wait for each daemon and for the node
 set -euo pipefail
 
-DIR=${SLURM_LOCAL_DIR:-/tmp/slurm-local}
+DIR=${SLURM_LOCAL_DIR:-/var/lib/cs336sys-slurm-local}
 ACCT=${SLURM_LOCAL_ACCOUNTING:-1}
 GPUS=${SLURM_LOCAL_GPUS:-2}
 PART=${SLURM_LOCAL_PARTITION:-debug}
@@ -49,6 +50,13 @@ case "$CMD" in start|stop|status) ;; *) usage ;; esac
 
 if [ "$(id -u)" != 0 ]; then
   die "must run as root (it installs packages and starts system daemons); try: sudo $0 $CMD"
+fi
+
+# Root writes pid files, logs and state here: the folder must be root's own, not a symlink and not
+# writable by anyone else, or a file planted in it could point root's writes anywhere.
+if [ -e "$DIR" ] || [ -L "$DIR" ]; then
+  [ ! -L "$DIR" ] && [ -d "$DIR" ] && [ "$(stat -c %u "$DIR")" = 0 ] && [ -z "$(find "$DIR" -maxdepth 0 -perm /022)" ] ||
+    die "$DIR is not root's own private folder (a symlink, another owner, or writable by others): remove it or set SLURM_LOCAL_DIR"
 fi
 
 # ------------------------------------------------------------------ helpers

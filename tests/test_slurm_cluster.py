@@ -138,7 +138,7 @@ def _slurm_diagnostics() -> str:
             parts.append(_sh(cmd, timeout=30).stdout)
         except Exception as e:  # noqa: BLE001 - diagnostics only
             parts.append(f"{cmd}: {e}")
-    log = Path(os.environ.get("SLURM_LOCAL_DIR", "/tmp/slurm-local")) / "log" / "slurmctld.log"
+    log = Path(os.environ.get("SLURM_LOCAL_DIR", "/var/lib/cs336sys-slurm-local")) / "log" / "slurmctld.log"
     if log.exists():
         parts.append(_tail(log.read_text(errors="replace"), 30))
     return "\n".join(parts)
