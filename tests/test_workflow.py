@@ -143,7 +143,7 @@ REDUCED = {  # over config/cpu-demo.yaml: 1-2 cells per study, mha with an exact
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not module: an xdist worker that moves between files would build it again
 def reduced(tmp_path_factory):
     root = copy_repo(tmp_path_factory.mktemp("reduced") / "repo")
     write_yaml(root / REDUCED_FILE, REDUCED)
@@ -302,7 +302,7 @@ def _failure_lines(root: Path) -> list[str]:
     return section.splitlines()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # as `reduced`
 def oom_run(tmp_path_factory):
     return _fault_run(tmp_path_factory, "oom", "oom:activation=relu", ATTENTION_ONLY, import_log=True)
 
