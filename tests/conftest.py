@@ -26,6 +26,7 @@ SHARED_SETUP = ("reduced", "oom_run", "repo_copy", "src_copy", "server", "pages"
 
 # The fast lane, `pytest -m "not slow"`, leaves out every test that starts processes: a snakemake run or
 # dry run, a measuring child, the warm server, a job that is killed; each file marks its own.
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         shared = [name for name in SHARED_SETUP if name in getattr(item, "fixturenames", ())]
