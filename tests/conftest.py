@@ -19,19 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from other_account import other_user  # noqa: E402, F401  (a fixture: the second account of the hostile-user tests)
 
-# Module fixtures that run a workflow or copy the repository (tens of seconds each): the tests that share
-# one stay on one worker (pytest-xdist, --dist loadgroup), so the set-up runs once, not once per worker.
-SHARED_SETUP = ("reduced", "oom_run", "repo_copy", "src_copy", "server", "pages", "page")
-
 
 # The fast lane, `pytest -m "not slow"`, leaves out every test that starts processes: a snakemake run or
 # dry run, a measuring child, the warm server, a job that is killed; each file marks its own.
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        shared = [name for name in SHARED_SETUP if name in getattr(item, "fixturenames", ())]
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(f"{item.path.stem}:{shared[0]}"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
