@@ -88,6 +88,6 @@ def _unprofiled_process():
     """
     from cs336sys.measure import timing
 
-    timing._profiled_by = None
+    timing.reset_profiled()
     yield
-    timing._profiled_by = None
+    timing.reset_profiled()

@@ -21,8 +21,8 @@ LM = dict(size="tiny", context_length=16, precision="fp32", impl="eager", warmup
 
 
 @pytest.fixture(autouse=True)
-def _fresh_process_state(monkeypatch):
-    monkeypatch.setattr(timing, "_profiled_by", None)
+def _fresh_process_state():
+    timing.reset_profiled()
     timing.configure(target_rel=0.2, max_measure_s=0.3)
     yield
     timing.configure(target_rel=0.0, max_measure_s=0.0)

@@ -56,6 +56,12 @@ def mark_profiled(by: str) -> None:
     _profiled_by = by
 
 
+def reset_profiled() -> None:
+    """Forget that this process profiled: for a test process that runs many cells' code in turn."""
+    global _profiled_by
+    _profiled_by = None
+
+
 def check_not_profiled() -> None:
     """Raise where this process already profiled CUDA: what it timed now would carry the profiler's cost."""
     if _profiled_by is not None:
