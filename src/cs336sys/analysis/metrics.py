@@ -11,6 +11,12 @@ H100 PCIe: 51.2 / 378 / 756; H100 NVL: 60 / 417.5 / 835; A100: 19.5 / 156 / 312.
 A device not in the table gets no MFU (empty, with the reason), never a guess.
 A config's ``peak_tflops`` mapping (device-name substring → precision → TFLOP/s)
 overrides or extends the table.
+
+FLOPs are the one raw column that is counted again here: rows of an attention core
+(``Study.attention_shape``: studies ``attention`` and ``flash``) get theirs from their
+shape by today's convention (:mod:`cs336sys.measure.flops`), so a run measured under
+an older one (backward 2× before the FlashAttention papers' 2.5×) reads right when it
+is merged again; its times do not change.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from cs336sys.measure.flops import attention_row_flops
 from cs336sys.measure.gpu_state import throttled  # NVML's reasons decoded once; torch-free
+from cs336sys.studies import STUDIES
 
 # Ordered: the first substring found in torch.cuda.get_device_name() wins.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
@@ -79,13 +87,33 @@ def add_flags(df: pd.DataFrame, flags: Mapping[str, float] | None = None) -> pd.
     return out
 
 
+def recount_flops(df: pd.DataFrame) -> pd.DataFrame:
+    """``flops`` of the attention cores' rows counted from their shape (module doc); a row that cannot say keeps its own."""
+    if not {"study", "phase", "flops"} <= set(df.columns):
+        return df
+    shapes = {name: STUDIES[name].attention_shape for name in df["study"].dropna().unique() if name in STUDIES}
+    shapes = {name: shape for name, shape in shapes.items() if shape is not None}
+    if not shapes:
+        return df
+    out = df.assign(flops=pd.to_numeric(df["flops"], errors="coerce"))
+    for name, shape in shapes.items():
+        rows = out.index[out["study"] == name]
+        counted = [attention_row_flops(row.get("phase"), shape(row)) for row in out.loc[rows].to_dict("records")]
+        out.loc[rows, "flops"] = pd.Series(counted, index=rows, dtype=float).fillna(out.loc[rows, "flops"])
+    return out
+
+
 def add_derived(
     df: pd.DataFrame, overrides: Mapping[str, Mapping[str, float]] | None = None, flags: Mapping[str, float] | None = None
 ) -> pd.DataFrame:
-    """Add ``tflops``, ``mfu_pct`` (+ ``mfu_note``), ``tokens_per_s`` and the trust flags where the inputs exist."""
+    """Add ``tflops``, ``mfu_pct`` (+ ``mfu_note``), ``tokens_per_s`` and the trust flags where the inputs exist.
+
+    An attention core's ``flops`` are counted again first (:func:`recount_flops`).
+    """
     out = add_flags(df, flags)
     if out.empty:
         return out
+    out = recount_flops(out)
     median_s = pd.to_numeric(out.get("median_ms"), errors="coerce") / 1e3
     if "flops" in out:
         out["tflops"] = pd.to_numeric(out["flops"], errors="coerce") / median_s / 1e12

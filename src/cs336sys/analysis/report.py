@@ -14,7 +14,7 @@ from cs336sys.analysis.efficiency import sweep_efficiency
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.tables import failures, load_study, ok_rows
 from cs336sys.fileio import write_text_atomic
-from cs336sys.measure.flops import BACKWARD_FACTOR
+from cs336sys.measure.flops import ATTENTION_BACKWARD_FACTOR, BACKWARD_FACTOR
 from cs336sys.pipeline.columns import timed_kind
 from cs336sys.studies import report_module
 from cs336sys.studies import study as get_study
@@ -36,8 +36,12 @@ for less than the configured share of a step (torch.profiler over a few extra st
 measures Python and the CPU as much as the GPU.
 Memory is `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats` (live tensors,
 not the allocator's reserve); "before backward" is `memory_allocated` between forward and backward.
-FLOPs are analytic matmul FLOPs (2·m·n·k each); causal attention is counted at half; a backward
-is {BACKWARD_FACTOR:g}× its forward (no recomputation credited). TFLOP/s uses the median time; MFU
+FLOPs are analytic matmul FLOPs (2·m·n·k each); causal attention is counted at half. A model's
+backward (`e2e`, `warmup`, `mha`) is {BACKWARD_FACTOR:g}× its forward, a training step {1 + BACKWARD_FACTOR:g}× (6ND, no
+recomputation credited); an attention core's (`attention`, `flash`) is {ATTENTION_BACKWARD_FACTOR:g}× and its
+forward+backward {1 + ATTENTION_BACKWARD_FACTOR:g}×, for every implementation, as the FlashAttention-2 paper and Triton's
+fused-attention tutorial count (2× for dQ, dK, dV plus 0.5× for the recomputed QKᵀ), so these
+TFLOP/s compare with published figures. TFLOP/s uses the median time; MFU
 divides by the dense peak of the GPU at that precision (`cs336sys.metrics.PEAK_TFLOPS`, overridable
 by the config's `peak_tflops`), and is empty when the device is not in the table.
 Precisions: `fp32` = strict fp32 (TF32 off), `tf32` = fp32 with TF32 matmuls, `bf16` = bf16

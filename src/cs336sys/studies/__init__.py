@@ -72,6 +72,9 @@ class Study:
     artifacts: bool = False  # measurement writes traces/snapshots: gets artifact_dir and cell_id
     cell_table: bool = True  # the report shows the per-cell timing table
     pairs: tuple[Pair, ...] = ()  # comparisons timed inside the base cell (its measure takes ``partners``)
+    # an attention core's rows: a row → (batch, heads, seq_len, head_dim, causal), from which the merge
+    # recounts the row's FLOPs (measure.flops.attention_row_flops), so a change of convention reaches old runs
+    attention_shape: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None = None
 
     @property
     def measure(self) -> str:

@@ -10,4 +10,5 @@ STUDY = Study(
     valid=lambda axes: is_valid(axes["impl"], axes["activation"]),  # SDPA has no ReLU: not a cell
     why_invalid="impl sdpa has no relu activation (valid: eager, compiled, triton × softmax, relu; sdpa × softmax)",
     optional_modules={"cs336sys.models.triton_attention": lambda axes: axes["impl"] == "triton"},
+    attention_shape=lambda row: (row.get("batch_size"), 1, row.get("seq_len"), row.get("d_model"), row.get("causal")),
 )

@@ -14,7 +14,7 @@ import torch
 
 from cs336sys.measure import memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
-from cs336sys.measure.flops import attention_core_flops, phase_flops
+from cs336sys.measure.flops import attention_phase_flops
 from cs336sys.measure.timing import StepClock, time_steps, timing_rows
 from cs336sys.models.attention import get_attention
 from cs336sys.models.dtypes import set_matmul_precision, tensor_dtype
@@ -94,5 +94,4 @@ def measure(
         "output_bytes": batch_size * seq_len * d_model * elem,
         "memory_note": "" if device.type == "cuda" else memory.NO_CUDA_REASON,
     }
-    fwd = attention_core_flops(batch_size, 1, seq_len, d_model, bool(causal))
-    yield from timing_rows(timing, phase_flops(fwd, "train"), extra)
+    yield from timing_rows(timing, attention_phase_flops(batch_size, 1, seq_len, d_model, bool(causal)), extra)

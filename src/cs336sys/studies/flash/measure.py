@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from cs336sys.measure import memory
-from cs336sys.measure.flops import attention_core_flops, phase_flops
+from cs336sys.measure.flops import attention_phase_flops
 from cs336sys.measure.timing import bench_stats
 from cs336sys.models.attention import get_attention
 from cs336sys.models.dtypes import set_matmul_precision
@@ -94,10 +94,10 @@ def measure(
             "forward_backward": bench_stats(fwd_bwd, device, rep_ms=rep_ms, grad_to_none=grads),
         }
         peak = memory.peak_allocated_bytes(device)
-    flops = phase_flops(attention_core_flops(batch_size, num_heads, seq_len, head_dim, causal), "train")
+    flops = attention_phase_flops(batch_size, num_heads, seq_len, head_dim, causal)
     for phase, stats in times.items():
         yield {
             "mode": "train", "phase": phase, **stats.as_row(), "flops": flops[phase],
-            "batch_size": batch_size, "peak_mem_bytes": peak,
+            "batch_size": batch_size, "causal": int(causal), "peak_mem_bytes": peak,  # what the merge recounts FLOPs from
             "memory_note": "" if device.type == "cuda" else memory.NO_CUDA_REASON,
         }  # fmt: skip
