@@ -13,6 +13,9 @@ Verdicts: ``slower`` when b's interval lies entirely above a's, ``faster`` entir
 when they overlap, ``n/a`` when an interval is unknown (older runs recorded none) or a status is not ok.
 Regressions (see :func:`regressions`): verdict ``slower`` with ratio > ``fail_above``, or a status
 change from ok to a failure (oom, error, timeout). Cells present in one run only are reported, not gated.
+
+Two runs that share no GPU: intervals widened by the between-device figures, host-bound rows that
+moved ``host-dependent`` (not gated); see :mod:`cs336sys.analysis.compare_machines`.
 Exactly two runs are compared (baseline a, candidate b); compare more by calling this once per pair.
 Read compare.csv with ``keep_default_na=False``: pandas otherwise reads the verdict "n/a" as NaN.
 """
@@ -31,18 +34,20 @@ import pandas as pd
 import yaml
 
 from cs336sys.analysis import compare_plot
+from cs336sys.analysis.compare_machines import HOST_DEPENDENT, Machines, evidence, machines_of, machines_text
 from cs336sys.analysis.compare_plot import cell_text, cells_md, md
 from cs336sys.analysis.html import report_page
+from cs336sys.analysis.passes import HOST_PROBE
 from cs336sys.analysis.tables import load_study
 from cs336sys.fileio import atomic_path, write_text_atomic
-from cs336sys.pipeline.columns import timed_kind
+from cs336sys.pipeline.columns import GPU_TIME_PREFIX, timed_kind
 
 ENV_FIELDS = ("device_name", "driver_version", "torch_version", "cuda_version", "git_commit", "host")
 KEYS = ("cell_id", "mode", "phase")
 FAILED = frozenset({"oom", "error", "timeout"})
-VERDICTS = ("faster", "slower", "same", "n/a")
+VERDICTS = ("faster", "slower", HOST_DEPENDENT, "same", "n/a")
 COLUMNS = ["cell_id", "mode", "phase", "status_a", "status_b", "median_a_ms", "median_b_ms", "ratio", "ratio_low",
-           "ratio_high", "verdict", "status_change", "only_in", "flags", "note"]  # fmt: skip
+           "ratio_high", "verdict", "status_change", "only_in", "flags", "figure", "host_ratio", "gpu_ratio", "note"]  # fmt: skip
 
 
 @dataclass
@@ -91,7 +96,7 @@ def _prepare(df: pd.DataFrame) -> pd.DataFrame:
     for key in KEYS:
         out[key] = df[key].fillna("").astype(str) if key in df.columns else ""
     out["status"] = df["status"].fillna("").astype(str) if "status" in df.columns else ""
-    for col in ("median_ms", "ci_low_ms", "ci_high_ms"):
+    for col in ("median_ms", "ci_low_ms", "ci_high_ms", "gpu_busy_frac", GPU_TIME_PREFIX + "median_ms", HOST_PROBE):
         out[col] = pd.to_numeric(df[col], errors="coerce") if col in df.columns else np.nan
     out["has_ci"] = "ci_low_ms" in df.columns and "ci_high_ms" in df.columns
     marks = [df[c].map(_truthy).map({True: c, False: ""}) for c in ("noisy", "host_bound") if c in df.columns]
@@ -125,8 +130,10 @@ def _expand_failures(side: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=side.columns).drop_duplicates(list(KEYS), keep="first").reset_index(drop=True)
 
 
-def compare_study(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+def compare_study(a: pd.DataFrame, b: pd.DataFrame, machines: Machines | None = None, study: str = "") -> pd.DataFrame:
     """One row per (cell_id, mode, phase) of either run; see the module docstring for the verdicts."""
+    machines = machines or Machines()
+    study = study or next((str(s) for df in (a, b) if "study" in df for s in df["study"].dropna()), "")
     pa, pb = _prepare(a), _prepare(b)
     pa, pb = _expand_failures(pa, pb), _expand_failures(pb, pa)
     pa["pos"], pb["pos"] = np.arange(len(pa)), np.arange(len(pb))
@@ -139,7 +146,13 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     r_low = (m["ci_low_ms_b"] / m["ci_high_ms_a"]).where(known)
     # an interval of a that reaches 0 (a host-bound cell's two passes) bounds the ratio from below only
     r_high = (m["ci_high_ms_b"] / m["ci_low_ms_a"].where(m["ci_low_ms_a"] > 0)).fillna(np.inf).where(known)
-    verdict = np.select([~known, r_low > 1, r_high < 1], ["n/a", "slower", "faster"], "same")
+    moved = known & ((r_low > 1) | (r_high < 1))  # the runs' own intervals do not overlap
+    busy = np.fmin(m["gpu_busy_frac_a"].to_numpy(dtype=float), m["gpu_busy_frac_b"].to_numpy(dtype=float))
+    figure, low, high, host_bound = machines.across(study, busy, ratio, r_low, r_high)
+    r_low, r_high = pd.Series(low, index=m.index).where(known), pd.Series(high, index=m.index).where(known)
+    verdict = np.select([~known, host_bound & moved, r_low > 1, r_high < 1], ["n/a", HOST_DEPENDENT, "slower", "faster"], "same")
+    host_ratio = m[HOST_PROBE + "_b"] / m[HOST_PROBE + "_a"]
+    gpu_ratio = m[GPU_TIME_PREFIX + "median_ms_b"] / m[GPU_TIME_PREFIX + "median_ms_a"]
     only_in = np.select([m["_merge"] == "left_only", m["_merge"] == "right_only"], ["a", "b"], "")
     present = m["_merge"] == "both"
     change = np.where(present & (m["status_a"] != m["status_b"]), m["status_a"].fillna("") + " → " + m["status_b"].fillna(""), "")
@@ -156,6 +169,7 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
             ratio.isna(),
             ~(m["has_ci_a"].eq(True) & m["has_ci_b"].eq(True)),
             ~known,
+            verdict == HOST_DEPENDENT,
         ],
         [
             "only in a",
@@ -165,6 +179,7 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
             "no median recorded",
             "no interval recorded",
             "interval incomplete",
+            [evidence(h, g) for h, g in zip(host_ratio, gpu_ratio)],
         ],
         "",
     )
@@ -172,15 +187,16 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         "cell_id": m["cell_id"], "mode": m["mode"], "phase": m["phase"], "status_a": m["status_a"],
         "status_b": m["status_b"], "median_a_ms": m["median_ms_a"], "median_b_ms": m["median_ms_b"], "ratio": ratio,
         "ratio_low": r_low, "ratio_high": r_high, "verdict": verdict, "status_change": change, "only_in": only_in,
-        "flags": flags, "note": note})  # fmt: skip
+        "flags": flags, "figure": figure, "host_ratio": host_ratio, "gpu_ratio": gpu_ratio, "note": note})  # fmt: skip
     return out[COLUMNS]
 
 
-def compare_runs(a: Mapping[str, pd.DataFrame], b: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+def compare_runs(a: Mapping[str, pd.DataFrame], b: Mapping[str, pd.DataFrame], machines: Machines | None = None) -> pd.DataFrame:
     """:func:`compare_study` for every study of either run (as :func:`load_run` returns them), stacked
-    with a leading ``study`` column."""
+    with a leading ``study`` column. ``machines`` defaults to :func:`machines_of` the two runs."""
+    machines = machines_of(a, b) if machines is None else machines
     empty = pd.DataFrame(columns=["study", "cell_id", "status"])
-    tables = [compare_study(a.get(s, empty), b.get(s, empty)).assign(study=s) for s in sorted(set(a) | set(b))]
+    tables = [compare_study(a.get(s, empty), b.get(s, empty), machines, s).assign(study=s) for s in sorted(set(a) | set(b))]
     return pd.concat([t[["study", *COLUMNS]] for t in tables], ignore_index=True) if tables else pd.DataFrame(columns=["study", *COLUMNS])
 
 
@@ -250,6 +266,10 @@ def _study_section(study: str, t: pd.DataFrame, figure: str | None) -> list[str]
     ):
         rows = both[both["verdict"] == verdict].sort_values("ratio", ascending=verdict == "faster")
         lines += [f"### {title}", "", cells_md(rows, ["flags"]) if len(rows) else "None.", ""]
+    hosted = both[both["verdict"] == HOST_DEPENDENT].sort_values("ratio")
+    if len(hosted):
+        lines += ["### Host-dependent (host-bound on two machines: moved with the host, not judged)", "",
+                  cells_md(hosted, ["note"]), ""]  # fmt: skip
     na = both[both["verdict"] == "n/a"]
     if len(na):
         reasons = na["note"].value_counts()
@@ -282,7 +302,8 @@ def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Pa
     out_dir = Path(out_dir)
     a_name, b_name = names
     runs = load_run(a_dir), load_run(b_dir)
-    table = compare_runs(*runs)
+    machines = machines_of(*runs)
+    table = compare_runs(*runs, machines=machines)
     (out_dir / "figures").mkdir(parents=True, exist_ok=True)  # a directory output of the workflow, empty or not
     sections = []
     for study in sorted(set(runs[0]) | set(runs[1])):  # a study without timing rows still gets its section
@@ -307,6 +328,7 @@ def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Pa
         "`same`, or `n/a` when an interval is unknown or a status is not ok. An interval of a that reaches 0 "
         "leaves the ratio unbounded above: [x, ∞].",
         "",
+        *machines_text(machines, runs),
         "## Gate",
         "",
     ]

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-COLOURS = {"slower": "#d62728", "faster": "#2ca02c", "same": "#7f7f7f", "n/a": "#9467bd"}
+COLOURS = {"slower": "#d62728", "faster": "#2ca02c", "host-dependent": "#ff7f0e", "same": "#7f7f7f", "n/a": "#9467bd"}
 LABEL_WIDTH = 60
 MAX_HEIGHT_IN = 40.0
 DASH = "—"

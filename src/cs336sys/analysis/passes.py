@@ -135,6 +135,7 @@ def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, in
     low, high = widen(median, low, high, floor_rel)
     row.update(median_ms=median, ci_low_ms=max(low, 0.0), ci_high_ms=high, passes=len(group))
     row["pass_medians_ms"] = ";".join(f"{m:.4f}" for m in pass_medians)
+    row.update(host_speed(group))
     if len(group) == 1:
         return row
     n = pd.to_numeric(group.get("n", pd.Series([1] * len(group))), errors="coerce").fillna(1)
@@ -170,6 +171,17 @@ def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, in
         if col in group:
             row[f"pass_{col}"] = ";".join(str(v) for v in group[col])
     return row
+
+
+HOST_PROBE = "host_launch_us"
+
+
+def host_speed(group: pd.DataFrame) -> dict:
+    """``host_launch_us``: the median of the host probe's samples around every pass's timed blocks
+    (measure.host_probe), empty where none was recorded (runs before the probe, a failed probe)."""
+    samples = [x for c in (f"start_{HOST_PROBE}", f"end_{HOST_PROBE}") if c in group for x in pd.to_numeric(group[c], errors="coerce")]
+    samples = [x for x in samples if math.isfinite(x)]
+    return {HOST_PROBE: float(np.median(samples))} if samples else {}
 
 
 def _unprefixed(group: pd.DataFrame) -> pd.DataFrame:
@@ -214,6 +226,7 @@ def combine_pairs(group: pd.DataFrame, pooled: tuple[float, int] | None = None, 
     row = group.iloc[0].to_dict()
     own = [x for v in group.get("own_blocks_ms", []) for x in _floats(v)]
     other = [x for v in group.get("partner_blocks_ms", []) for x in _floats(v)]
+    row.update(host_speed(group))
     if not own:
         return row
     if len(group) == 1:

@@ -60,7 +60,7 @@ def _timed(run_dir: Path, flags: dict | None) -> pd.DataFrame:
     return df.drop_duplicates(KEYS).set_index(KEYS)
 
 
-def _measures(run_dir: Path) -> dict[str, pd.DataFrame]:
+def run_measures(run_dir: Path) -> dict[str, pd.DataFrame]:
     """Measure → rows indexed by their key, with ``value``, ``low``, ``high``: eager medians, GPU-time medians, paired ratios."""
     df = _rows(run_dir)
     timed = df[df["median_ms"].notna()]
@@ -79,7 +79,7 @@ def _measures(run_dir: Path) -> dict[str, pd.DataFrame]:
 
 def pair_measures(first: Path, second: Path) -> pd.DataFrame:
     """Per measure (eager, GPU time, paired ratio): one row per key measured in both runs, run 2's value inside run 1's interval or not."""
-    a, b = _measures(first), _measures(second)
+    a, b = run_measures(first), run_measures(second)
     rows = []
     for measure in a.keys() & b.keys():
         ra, rb = a[measure], b[measure]

@@ -104,7 +104,7 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
         os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
 
-    from cs336sys.measure import busy, gpu_state, timing
+    from cs336sys.measure import busy, gpu_state, host_probe, timing
     from cs336sys.measure.env import environment, pick_device
     from cs336sys.measure.memory import cap_memory, release
 
@@ -120,7 +120,8 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
             static = gpu_state.gpu_state()
             env.update({k: static[k] for k in ("gpu_index", "gpu_uuid", "max_sm_clock_mhz", "gpu_state_note")})
             env.update({k: v for k, v in gpu_state.host_state().items() if k != "load_avg_1m"})
-        timing.configure(**cell.timing, state=gpu_state.sample if device.type == "cuda" else gpu_state.host_load)
+        sampler = gpu_state.sample if device.type == "cuda" else gpu_state.host_load
+        timing.configure(**cell.timing, state=host_probe.with_probe(sampler, device))
         busy.ENABLED = cell.pass_index == 0
         conn.send(("env", env))
         cap_memory(cell.memory_fraction, device)

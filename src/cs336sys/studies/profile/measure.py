@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from cs336sys.measure import memory, profiling
+from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.lm_steps import lm_steps, setup_lm
 from cs336sys.measure.timing import StepClock, time_steps
 
@@ -42,19 +43,25 @@ def measure(
     _, model, inputs, targets = setup_lm(device, size, context_length, precision, impl, batch_size, vocab_size, extra_sizes, seed)
     device_kind = "cuda" if device.type == "cuda" else "cpu (CPU activities only: no GPU timeline)"
     steps = lm_steps(model, model, inputs, targets, precision, device, optimizer, {})
+    timings = {}
     for mode, step in steps.items():
         context["mode"] = mode
-        timing = time_steps(step, warmup=warmup_steps, steps=measure_steps, device=device)
+        timings[mode] = time_steps(step, warmup=warmup_steps, steps=measure_steps, device=device)
+    # every mode timed before any is profiled: the profiler slows each later launch (timing.check_not_profiled).
+    # The busy share says whether the timing rows are host-bound (a comparison of two machines needs it).
+    busy = {mode: _busy(step, device) for mode, step in steps.items()}
+    for mode, timing in timings.items():
         for phase, stats in timing.phases.items():
             yield {
                 "kind": "timing",
                 "mode": mode,
                 "phase": phase,
                 **stats.as_row(),
+                "gpu_busy_frac": busy[mode][0],
+                "gpu_busy_note": busy[mode][1],
                 "profiled_steps": profile_steps,
                 "device_kind": device_kind,
             }
-    # every mode timed before any is profiled: the profiler slows each later launch (timing.check_not_profiled)
     for mode, step in steps.items():
         context["mode"] = mode
         trace = str(Path(artifact_dir) / f"{cell_id}_{mode}.json.gz") if artifact_dir else None
@@ -80,3 +87,13 @@ def measure(
             }
         del prof
         memory.release(device)
+
+
+def _busy(step, device: torch.device) -> tuple[float | None, str]:
+    """The step's GPU busy share and why it is empty; out of memory under the profiler costs only the share."""
+    try:
+        share = gpu_busy_share(step, device)
+    except torch.OutOfMemoryError:
+        memory.release(device)
+        return None, "not measured: out of memory under the profiler"
+    return share, busy_note(share, device)

@@ -1,0 +1,247 @@
+"""What an interval covers on another machine of the same kind: the between-device component.
+
+A row's 95% interval is built to cover a rerun on the same machine (report/h100-repeatability*). It
+does not cover a rerun on another machine of the same kind: two H100 machines ran a GPU-bound mha
+step 2.7% apart with ±1% intervals, and the same launch-bound step up to 45% apart, because the
+host's CPU sets a launch-bound step's time (issue "intervals that hold on another machine"). The
+difference between two devices is a component of its own, and it depends on how much of the step
+the host sets. So it is measured per class of row:
+
+- ``gpu-bound``, ``partly host-bound``, ``launch-bound``: eager rows by their GPU busy share
+  (:func:`cs336sys.analysis.passes.drift_class`); ``unknown (<study>)`` where a study records no
+  busy share (flash's do_bench rows, the profile study);
+- ``gpu time``: the same phases replayed as CUDA graphs (GPU-bound by construction);
+- ``paired ratio, <drift class>``: the e2e cell's interleaved comparisons.
+
+A class's figure comes from repeat runs of one grid on different GPUs (``gpu_uuid``) of the same kind
+(``device_name``): every such pair of runs contributes ``|log(b / a)|`` of each row measured in
+both, and the figure is the largest of those, as a relative half-width ``exp(max) - 1``
+(``MIN_ROWS`` rows at least, else no figure; the 95th percentile is kept beside it as ``q95_rel``).
+The largest, not a percentile: a comparison report holds a hundred rows or more, and a 95th
+percentile would call five of them slower on two machines that differ in nothing but the machine.
+So "slower across machines" means slower than any row of its class moved between two machines. The figures live in ``between_devices.yaml`` beside
+this module (package data), with the runs they came from, and are recomputed when runs arrive:
+
+    python -m cs336sys.analysis.between_devices results/<run-1> results/<run-2> [...] --write
+
+Across machines, a row's interval is its own interval widened to at least
+``median / (1 + c)`` .. ``median * (1 + c)`` (a floor, like ``interval_floor_rel``: the figure
+already holds both runs' own noise); a paired ratio's likewise. ``analysis.compare`` uses it when
+two runs share no GPU, and :func:`coverage` checks it: the share of run b's values inside run a's
+interval, within one machine and across machines. This module reads CSVs and YAML only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from cs336sys.analysis.passes import drift_class
+from cs336sys.analysis.repeatability import EAGER, GPU_TIME, PAIRED, run_measures
+from cs336sys.fileio import write_text_atomic
+
+FIGURES = Path(__file__).with_name("between_devices.yaml")
+QUANTILE = 0.95
+MIN_ROWS = 5
+MIN_GPU_BUSY = 0.9  # the host_bound flag's threshold (analysis.metrics.FLAG_DEFAULTS)
+
+
+def row_class(measure: str, study: str, busy: object) -> str:
+    """The class whose between-device figure applies to a row (see the module doc)."""
+    if measure == GPU_TIME:
+        return "gpu time"
+    drift = drift_class(busy, MIN_GPU_BUSY)
+    drift = f"unknown ({study})" if drift == "unknown" else drift
+    return f"paired ratio, {drift}" if measure == PAIRED else drift
+
+
+def machines(df: pd.DataFrame) -> frozenset[str]:
+    """The GPUs a run's rows were measured on (``gpu_uuid``); the hosts where no GPU is named (a CPU run)."""
+    for column in ("gpu_uuid", "host"):
+        if column in df:
+            named = {str(v) for v in df[column].dropna() if str(v) not in ("", "nan")}
+            if named:
+                return frozenset(named)
+    return frozenset()
+
+
+def device_names(df: pd.DataFrame) -> frozenset[str]:
+    return frozenset(str(v) for v in df.get("device_name", pd.Series(dtype=str)).dropna() if str(v) not in ("", "nan"))
+
+
+def _busy_by_step(eager: pd.DataFrame) -> dict[tuple, float]:
+    if "gpu_busy_frac" not in eager:
+        return {}
+    steps = eager.xs("step", level="phase") if "step" in eager.index.get_level_values("phase") else eager.iloc[0:0]
+    return {key: pd.to_numeric(pd.Series([v]), errors="coerce").iloc[0] for key, v in steps["gpu_busy_frac"].items()}
+
+
+def classified(run_dir: Path) -> pd.DataFrame:
+    """Every value of the run (eager median, GPU-time median, paired ratio) with its key, interval, busy share and class."""
+    frames = []
+    measured = run_measures(Path(run_dir))
+    step_busy = _busy_by_step(measured[EAGER]) if EAGER in measured else {}
+    for measure, rows in measured.items():
+        rows = rows.reset_index()
+        if measure == PAIRED:
+            busy = [step_busy.get((r.study, r.cell_id, r.mode), np.nan) for r in rows.itertuples()]
+        else:
+            busy = pd.to_numeric(rows.get("gpu_busy_frac", pd.Series(np.nan, index=rows.index)), errors="coerce").tolist()
+        key = rows[["study", "cell_id", "mode", "phase"]].astype(str).agg("|".join, axis=1)
+        if measure == PAIRED:
+            key = key + "|" + rows["pair_with"].astype(str)
+        frames.append(pd.DataFrame({
+            "measure": measure, "study": rows["study"], "key": key, "value": pd.to_numeric(rows["value"], errors="coerce"),
+            "low": pd.to_numeric(rows["low"], errors="coerce"), "high": pd.to_numeric(rows["high"], errors="coerce"),
+            "busy": busy, "machine": ";".join(sorted(machines(rows))), "device_name": ";".join(sorted(device_names(rows)))}))  # fmt: skip
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def paired_values(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """The values measured in both runs (``classified`` frames), with the class of the more host-bound side."""
+    m = a.merge(b, on=["measure", "study", "key"], suffixes=("_a", "_b"))
+    m = m[(m["value_a"] > 0) & (m["value_b"] > 0)]
+    busy = np.fmin(m["busy_a"].to_numpy(dtype=float), m["busy_b"].to_numpy(dtype=float))
+    m = m.assign(busy=busy, log_ratio=np.log(m["value_b"] / m["value_a"]))
+    m["class"] = [row_class(x.measure, x.study, x.busy) for x in m.itertuples()]
+    return m.reset_index(drop=True)
+
+
+def different_devices(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """True when two runs (``classified`` frames or rows) share no GPU (host, for CPU runs) and both name theirs."""
+    ma, mb = machines(_machine_rows(a)), machines(_machine_rows(b))
+    return bool(ma) and bool(mb) and not (ma & mb)
+
+
+def _machine_rows(df: pd.DataFrame) -> pd.DataFrame:
+    if "machine" in df:  # a classified frame: the run's machines ;-joined
+        return pd.DataFrame({"gpu_uuid": [m for v in df["machine"].dropna() for m in str(v).split(";") if m]})
+    return df
+
+
+def estimate(runs: Sequence[Path]) -> dict[str, dict]:
+    """Device name → its figures: every pair of ``runs`` on different devices of that name contributes."""
+    frames = {Path(r): classified(Path(r)) for r in runs}
+    by_device: dict[str, list[pd.DataFrame]] = {}
+    used: dict[str, set[Path]] = {}
+    for (ra, a), (rb, b) in itertools.combinations(frames.items(), 2):
+        names = set(a["device_name"]) | set(b["device_name"])
+        if a.empty or b.empty or len(names) != 1 or not different_devices(a, b):
+            continue
+        name = names.pop()
+        by_device.setdefault(name, []).append(paired_values(a, b))
+        used.setdefault(name, set()).update((ra, rb))
+    out = {}
+    for name, parts in by_device.items():
+        diffs = pd.concat(parts, ignore_index=True)
+        classes = {}
+        for cls, part in diffs.groupby("class", sort=True):
+            q = np.abs(part["log_ratio"].to_numpy())
+            if len(q) >= MIN_ROWS:
+                classes[str(cls)] = {"rel": _round(math.expm1(float(q.max())), up=True),
+                                     "q95_rel": _round(math.expm1(float(np.quantile(q, QUANTILE)))), "rows": int(len(q))}  # fmt: skip
+        run_names = sorted(used[name], key=str)
+        out[name] = {
+            "runs": [f"{r.name} ({';'.join(sorted(machines(_machine_rows(frames[r]))))})" for r in run_names],
+            "run_pairs": len(parts),
+            "measured": date.today().isoformat(),
+            "classes": classes,
+        }
+    return out
+
+
+def _round(x: float, up: bool = False) -> float:
+    """Three significant digits; ``up``: never below ``x`` (the row that set a figure stays inside it)."""
+    if not up or x <= 0:
+        return float(f"{x:.3g}")
+    step = 10.0 ** (math.floor(math.log10(x)) - 2)
+    return float(f"{math.ceil(round(x / step, 6)) * step:.3g}")
+
+
+def load(path: Path = FIGURES) -> dict[str, dict]:
+    """Device name → its figures, from the committed file (empty when there is none)."""
+    if not Path(path).is_file():
+        return {}
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    return data.get("devices", {}) or {}
+
+
+def figure(figures: Mapping[str, dict], device_name: str, cls: str) -> float | None:
+    """The relative half-width for ``cls`` on ``device_name``; None when no figure was measured."""
+    entry = figures.get(device_name, {}).get("classes", {}).get(cls)
+    return float(entry["rel"]) if entry else None
+
+
+def widen(value: float, low: float, high: float, rel: float | None) -> tuple[float, float]:
+    """(low, high) widened to at least ``value / (1 + rel)`` .. ``value * (1 + rel)``; unchanged when ``rel`` is None."""
+    if rel is None or not (math.isfinite(value) and value > 0):
+        return low, high
+    return min(low, value / (1 + rel)), max(high, value * (1 + rel))
+
+
+def coverage(a_dir: Path, b_dir: Path, figures: Mapping[str, dict] | None = None) -> pd.DataFrame:
+    """Per study and measure: the share of run b's values inside run a's interval as it stands (``inside``) and
+    widened by the between-device figure of a's device (``inside_across``; the same when a figure is missing)."""
+    figures = load() if figures is None else figures
+    a, b = classified(Path(a_dir)), classified(Path(b_dir))
+    m = paired_values(a, b)
+    if m.empty:
+        return pd.DataFrame()
+    name = ";".join(sorted(set(a["device_name"])))
+    rels = [figure(figures, name, c) for c in m["class"]]
+    across = [widen(v, lo, hi, r) for v, lo, hi, r in zip(m["value_a"], m["low_a"], m["high_a"], rels)]
+    m = m.assign(inside=(m["low_a"] <= m["value_b"]) & (m["value_b"] <= m["high_a"]),
+                 inside_across=[lo <= v <= hi for (lo, hi), v in zip(across, m["value_b"])],
+                 figure=rels, abs_diff=np.abs(np.expm1(m["log_ratio"])))  # fmt: skip
+    rows = []
+    for (study, measure), part in m.groupby(["study", "measure"], sort=True):
+        rows.append({"study": study, "measure": measure, "n": len(part), "inside": part["inside"].mean(),
+                     "inside_across": part["inside_across"].mean(), "median_abs_diff": part["abs_diff"].median(),
+                     "max_abs_diff": part["abs_diff"].max()})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def write(figures: Mapping[str, dict], path: Path = FIGURES, keep: Iterable[str] = ()) -> Path:
+    """Write ``figures`` to the committed file, keeping the entries of other device kinds named in ``keep``."""
+    old = load(path)
+    devices = {k: old[k] for k in keep if k in old and k not in figures} | dict(figures)
+    header = (
+        "# Between-device component of an interval, per device kind and class of row (analysis/between_devices.py).\n"
+        "# rel: the largest |b/a - 1| (in log) among rows measured on two different GPUs of this kind (q95_rel: 95th percentile);\n"
+        "# recompute with: python -m cs336sys.analysis.between_devices results/<run> results/<run> ... --write\n"
+    )
+    body = yaml.safe_dump({"quantile": QUANTILE, "devices": devices}, sort_keys=False, allow_unicode=True)
+    return write_text_atomic(Path(path), header + body)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cs336sys.analysis.between_devices", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="*", type=Path, help="results/<run> directories of one grid, on two or more GPUs of one kind")
+    parser.add_argument("--write", action="store_true", help=f"replace the figures of these runs' device kinds in {FIGURES.name}")
+    parser.add_argument("--check", nargs=2, type=Path, metavar=("RUN_A", "RUN_B"),
+                        help="instead: the share of RUN_B's values inside RUN_A's intervals, within and across machines")  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.check:
+        print(coverage(*args.check).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+        return 0
+    figures = estimate(args.runs)
+    if not figures:
+        print("between_devices: no two of these runs measured the same device kind on different GPUs", file=sys.stderr)
+        return 2
+    print(yaml.safe_dump(figures, sort_keys=False, allow_unicode=True))
+    if args.write:
+        print(f"wrote {write(figures, keep=load().keys())}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""Whether two compared runs ran on one machine or two, and what that does to a comparison.
+
+:mod:`cs336sys.analysis.compare` asks this module once per comparison: on two machines of one kind
+each ratio's interval is widened by the between-device figure of its class
+(:mod:`cs336sys.analysis.between_devices`), and host-bound rows that moved are ``host-dependent``,
+with the host probe (``host_launch_us``, :mod:`cs336sys.measure.host_probe`) and the GPU time as
+evidence. A run's interval covers a rerun on its own machine, not on another one; two runs that
+share no GPU (``gpu_uuid``; the host for CPU runs) are two machines. A host-bound row (GPU busy
+< 90% of the step in either run) whose own intervals do not overlap is ``host-dependent``, never
+slower or faster: the host's CPU set its time. The gate ignores host-dependent rows. Reads frames
+only; no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from cs336sys.analysis import between_devices
+from cs336sys.analysis.between_devices import MIN_GPU_BUSY, different_devices, row_class, widen
+from cs336sys.analysis.passes import HOST_PROBE
+from cs336sys.analysis.repeatability import EAGER
+
+HOST_DEPENDENT = "host-dependent"
+
+
+@dataclass(frozen=True)
+class Machines:
+    """Whether two runs ran on different devices, and the between-device figures (class → relative
+    half-width) of their common device kind; empty when the kinds differ or none was measured."""
+
+    differ: bool = False
+    figures: Mapping[str, float] = field(default_factory=dict)
+    device_name: str = ""
+
+    def across(self, study: str, busy: np.ndarray, ratio, low, high) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per row of a study: the between-device figure applied (nan: none), the ratio's interval widened by
+        it, and whether the row is host-bound on two machines (GPU busy share ``busy``, the lower of the runs')."""
+        figure = np.array([self.figures.get(row_class(EAGER, study, x), np.nan) if self.differ else np.nan for x in busy], dtype=float)
+        wide = [widen(r, lo, hi, None if np.isnan(f) else f) for r, lo, hi, f in zip(ratio, low, high, figure)]
+        lows, highs = (np.array([w[i] for w in wide], dtype=float).reshape(-1) for i in (0, 1))
+        return figure, lows, highs, (np.asarray(busy) < MIN_GPU_BUSY) & self.differ
+
+
+def machines_of(a: Mapping[str, pd.DataFrame], b: Mapping[str, pd.DataFrame], figures: Mapping[str, dict] | None = None) -> Machines:
+    """:class:`Machines` for two runs' frames (as :func:`load_run` returns them)."""
+    rows_a, rows_b = (pd.concat(list(f.values()), ignore_index=True) if f else pd.DataFrame() for f in (a, b))
+    if not different_devices(rows_a, rows_b):
+        return Machines()
+    names = between_devices.device_names(rows_a) | between_devices.device_names(rows_b)
+    if len(names) != 1:  # different kinds of device: the comparison is the point, there is no figure to add
+        return Machines(differ=True, device_name=" vs ".join(sorted(names)))
+    name = next(iter(names))
+    figures = between_devices.load() if figures is None else figures
+    classes = figures.get(name, {}).get("classes", {})
+    return Machines(differ=True, figures={c: float(v["rel"]) for c, v in classes.items()}, device_name=name)
+
+
+def evidence(host_ratio: float, gpu_ratio: float) -> str:
+    """The note of a host-dependent row: how the host probe and the GPU time moved (b/a)."""
+    parts = [f"host µs per launch {host_ratio:.2f}× b/a" if np.isfinite(host_ratio) else "no host probe in both runs"]
+    if np.isfinite(gpu_ratio):
+        parts.append(f"GPU time {gpu_ratio:.3f}×")
+    return "host-bound on two machines: " + ", ".join(parts)
+
+
+def _run_probe(frames: Mapping[str, pd.DataFrame]) -> float:
+    """The run's host probe: the median of its rows' µs per launch (nan when it recorded none)."""
+    values = [pd.to_numeric(df[HOST_PROBE], errors="coerce").to_numpy(dtype=float) for df in frames.values() if HOST_PROBE in df]
+    x = np.concatenate(values) if values else np.empty(0)
+    x = x[np.isfinite(x)]
+    return float(np.median(x)) if x.size else float("nan")
+
+
+def machines_text(machines: Machines, runs: tuple[Mapping[str, pd.DataFrame], ...]) -> list[str]:
+    """The paragraph saying whether the runs share a machine, what that does to the intervals, and how fast each host launched."""
+    probes = [_run_probe(frames) for frames in runs]
+    host = (
+        f"Host probe (µs per launch, median over rows): a {probes[0]:.3g}, b {probes[1]:.3g} ({probes[1] / probes[0]:.3g}× b/a)."
+        if all(np.isfinite(probes))
+        else "Host probe: not recorded in both runs (runs before it)."
+    )
+    if not machines.differ:
+        return [f"**One machine** (the runs share a GPU): intervals as measured. {host}", ""]
+    if not machines.figures:
+        why = (
+            f"no between-device figure is measured for {machines.device_name}"
+            if " vs " not in machines.device_name
+            else f"different kinds of device ({machines.device_name})"
+        )
+        return [f"**Two machines** (no GPU in common); {why}, so intervals are as measured. Host-bound rows whose intervals "
+                f"do not overlap are `{HOST_DEPENDENT}`. {host}", ""]  # fmt: skip
+    figures = ", ".join(f"{c} ±{v:.3g}" for c, v in sorted(machines.figures.items()))
+    return [
+        f"**Two machines** of one kind ({machines.device_name}; no GPU in common): each ratio's interval is widened by the "
+        f"between-device figure of its class ({figures}; `cs336sys/analysis/between_devices.yaml`), and host-bound rows "
+        f"whose own intervals do not overlap are `{HOST_DEPENDENT}`, not slower or faster. {host}",
+        "",
+    ]
