@@ -1,7 +1,8 @@
 # One rule per study and pass, made by one loop from the study registry (cs336sys.studies):
 # each grid cell is one job per pass that writes one CSV. A study needs nothing here.
 # Pass k of every cell outranks pass k+1 of any (priority), so one cell's passes lie
-# minutes apart and together see how the host drifts over the sweep (analysis.passes).
+# minutes apart and together see how the host drifts over the sweep (analysis.passes);
+# inside a pass the longest expected cells go first (pipeline.priorities).
 for _study in STUDIES:
     for _k in range(passes(_study)):
 
@@ -14,7 +15,7 @@ for _study in STUDIES:
                 cell_log(_study, _k),
             benchmark:
                 cell_benchmark(_study, _k)
-            priority: MAX_PASSES - _k
+            priority: cell_priority(_study, _k)
             threads: CELL_THREADS
             resources:
                 gpu=1,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))  # this checkout's library, installed or not
 
+from snakemake import __version__ as SNAKEMAKE_VERSION
 from snakemake.exceptions import WorkflowError
 
 from cs336sys import studies as S
@@ -14,6 +15,7 @@ from cs336sys.cli import command_line
 from cs336sys.pipeline.faults import FAULT_ENV, check_fault_spec
 from cs336sys.pipeline.gpulock import visible_gpus
 from cs336sys.pipeline.jobs import cell_threads
+from cs336sys.pipeline.priorities import callable_priorities, expected_seconds, job_priorities
 from cs336sys.pipeline.config import ConfigError, check_run_snapshot, settings_snapshot, validate_config
 from cs336sys.pipeline.config_file import check_layer, load_config_file
 from cs336sys.pipeline.provenance import file_hash, modules_hash, module_closure
@@ -200,6 +202,28 @@ def cell_settings(study, k=0):
         }
 
     return settings
+
+
+# Job order (pipeline.priorities): pass k of every cell before pass k+1 of any and, inside a
+# pass, the cells that took longest in this run's previous results first (else by study estimate).
+def previous_cell_csv(study, cell, k):
+    return Path(cell_csv(study, k).replace("{cell}", cell))
+
+
+PRIORITIES = job_priorities(
+    expected_seconds(GRIDS, {s: passes(s) for s in STUDIES}, previous_cell_csv), MAX_PASSES
+)
+SNAPSHOT_PRIORITY = PRIORITIES.above_cells
+
+
+def cell_priority(study, k=0):
+    if not callable_priorities(SNAKEMAKE_VERSION):  # before 9.17: the pass order alone
+        return PRIORITIES.pass_floor(k)
+
+    def priority(wildcards):
+        return PRIORITIES.cell(study, wildcards.cell, k)
+
+    return priority
 
 
 def cell_code(study):

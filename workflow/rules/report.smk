@@ -86,7 +86,7 @@ rule snapshot:
     log:
         f"logs/{RUN}/snapshot.log",
     # before the cells: a sweep cut short still has the settings its slice is reported with
-    priority: MAX_PASSES + 1
+    priority: SNAPSHOT_PRIORITY
     params:
         config=run_settings(),
     script:

@@ -10,7 +10,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from cs336sys.analysis.efficiency import sweep_efficiency
+from cs336sys.analysis.efficiency import sweep_efficiency, sweep_summary
+from cs336sys.analysis.gpu_use import IDLE_GAP_S, per_gpu_line, per_gpu_table
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.tables import failures, load_study, ok_rows
 from cs336sys.fileio import write_text_atomic
@@ -167,7 +168,9 @@ def write_report(
         "",
     ]
     lines += ["## Cells per study and status", "", md_table(_status_counts(frames)), ""]
-    efficiency = sweep_efficiency(frames, benchmarks)
+    # each pass's own cell files, beside the merged CSV: the GPU of a merged row's later passes
+    cells = {name: Path(path).parent / name / "cells" for name, path in zip(studies, csvs)}
+    efficiency = sweep_efficiency(frames, benchmarks, cells)
     if not efficiency.empty:
         lines += [
             "## Sweep efficiency",
@@ -177,6 +180,16 @@ def write_report(
             md_table(efficiency),
             "",
         ]
+        summary = sweep_summary(frames, cells)
+        per_gpu = per_gpu_table(summary)
+        if not per_gpu.empty:
+            lines += [
+                f"**Per GPU.** {per_gpu_line(summary)}. Times are seconds after the first cell start; an idle gap "
+                f"is one of more than {IDLE_GAP_S:g} s between two cells on one GPU (longer than a job's start-up).",
+                "",
+                md_table(per_gpu),
+                "",
+            ]
     fails = pd.concat([failures(df) for df in frames.values() if not df.empty], ignore_index=True) if frames else pd.DataFrame()
     lines += ["## Failed cells (out of memory, timeout, error, skipped)", ""]
     unmeasured = [{"study": name, "cell_id": cid} for name, cells in (missing or {}).items() for cid in cells]
