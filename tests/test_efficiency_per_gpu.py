@@ -153,3 +153,23 @@ def test_a_one_gpu_report_has_no_per_gpu_section(tmp_path):
     section = text.split("## Sweep efficiency")[1].split("\n## ")[0]
     assert "18.0 s (90% of the span)" in section
     assert "GPU-aaaa" not in section and "idle for the last" not in section
+
+
+def test_a_merged_row_names_each_pass_gpu_so_no_cell_file_is_needed():
+    """passes.py writes pass_gpu_index/pass_gpu_uuid: the committed CSV alone gives each pass its GPU."""
+    rows = _merged_rows()
+    rows.loc[rows["cell_id"] == "a", ["pass_gpu_index", "pass_gpu_uuid"]] = ["0;1", f"{UUID[0]};{UUID[1]}"]
+    summary = sweep_summary({"e2e": rows}, {})
+    assert summary.unattributed == 0
+    assert [(g.index, g.jobs) for g in summary.gpus] == [(0, 3), (1, 2)]
+    assert summary.tail_s == pytest.approx(23.0)
+
+
+def test_the_merge_keeps_each_pass_gpu():
+    from cs336sys.analysis.passes import combine_passes
+
+    step = {"study": "e2e", "cell_id": "a", "status": "ok", "mode": "train", "phase": "step", "median_ms": 1.0,
+            "ci_low_ms": 0.9, "ci_high_ms": 1.1, "mean_ms": 1.0, "min_ms": 0.9, "max_ms": 1.1, "std_ms": 0.1, "n": 5}  # fmt: skip
+    rows = pd.DataFrame([{**step, **_row("a", 0, 40, 0)}, {**step, **_row("a", 52, 97, 1, pass_index=1)}])
+    merged = combine_passes(rows).iloc[0]
+    assert merged["pass_gpu_uuid"] == f"{UUID[0]};{UUID[1]}" and merged["pass_gpu_index"] == "0;1"

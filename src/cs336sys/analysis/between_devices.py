@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.passes import drift_class
 from cs336sys.analysis.repeatability import EAGER, GPU_TIME, PAIRED, run_measures
 from cs336sys.fileio import write_text_atomic
@@ -64,13 +65,14 @@ def row_class(measure: str, study: str, busy: object) -> str:
     return f"paired ratio, {drift}" if measure == PAIRED else drift
 
 
-def machines(df: pd.DataFrame) -> frozenset[str]:
-    """The GPUs a run's rows were measured on (``gpu_uuid``); the hosts where no GPU is named (a CPU run)."""
-    for column in ("gpu_uuid", "host"):
-        if column in df:
-            named = {str(v) for v in df[column].dropna() if str(v) not in ("", "nan")}
-            if named:
-                return frozenset(named)
+def machines(df: pd.DataFrame, column: str | None = None) -> frozenset[str]:
+    """The GPUs a run's rows were measured on (``gpu_uuid``, ``pass_gpu_uuid``); the hosts where no GPU is
+    named (a CPU run, a GPU run without NVML). ``column`` "gpu" or "host" asks for one kind only."""
+    kinds = {"gpu": ("gpu_uuid", "pass_gpu_uuid"), "host": ("host",)}
+    for kind in [column] if column else ["gpu", "host"]:
+        named = {u for c in kinds[kind] if c in df for v in df[c].dropna() for u in str(v).split(";") if u not in ("", "nan")}
+        if named:
+            return frozenset(named)
     return frozenset()
 
 
@@ -102,7 +104,8 @@ def classified(run_dir: Path) -> pd.DataFrame:
         frames.append(pd.DataFrame({
             "measure": measure, "study": rows["study"], "key": key, "value": pd.to_numeric(rows["value"], errors="coerce"),
             "low": pd.to_numeric(rows["low"], errors="coerce"), "high": pd.to_numeric(rows["high"], errors="coerce"),
-            "busy": busy, "machine": ";".join(sorted(machines(rows))), "device_name": ";".join(sorted(device_names(rows)))}))  # fmt: skip
+            "busy": busy, "machine": ";".join(sorted(machines(rows, "gpu"))), "host": ";".join(sorted(machines(rows, "host"))),
+            "device_name": ";".join(sorted(device_names(rows)))}))  # fmt: skip
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -118,13 +121,19 @@ def paired_values(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
 
 def different_devices(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     """True when two runs (``classified`` frames or rows) share no GPU (host, for CPU runs) and both name theirs."""
-    ma, mb = machines(_machine_rows(a)), machines(_machine_rows(b))
-    return bool(ma) and bool(mb) and not (ma & mb)
+    a, b = _machine_rows(a), _machine_rows(b)
+    for kind in ("gpu", "host"):  # like with like: a GPU's id never matches a host name
+        ma, mb = machines(a, kind), machines(b, kind)
+        if ma and mb:
+            return not (ma & mb)
+    return False
 
 
 def _machine_rows(df: pd.DataFrame) -> pd.DataFrame:
-    if "machine" in df:  # a classified frame: the run's machines ;-joined
-        return pd.DataFrame({"gpu_uuid": [m for v in df["machine"].dropna() for m in str(v).split(";") if m]})
+    if "machine" in df:  # a classified frame: the run's GPUs and hosts
+        return pd.DataFrame(
+            {"gpu_uuid": [";".join(sorted(set(df["machine"].dropna())))], "host": [";".join(sorted(set(df["host"].dropna())))]}
+        )
     return df
 
 
@@ -164,7 +173,8 @@ def _round(x: float, up: bool = False) -> float:
     if not up or x <= 0:
         return float(f"{x:.3g}")
     step = 10.0 ** (math.floor(math.log10(x)) - 2)
-    return float(f"{math.ceil(round(x / step, 6)) * step:.3g}")
+    up_to = float(f"{math.ceil(round(x / step, 6)) * step:.3g}")
+    return up_to if up_to >= x else float(f"{up_to + step:.3g}")
 
 
 def load(path: Path = FIGURES) -> dict[str, dict]:
@@ -228,10 +238,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("runs", nargs="*", type=Path, help="results/<run> directories of one grid, on two or more GPUs of one kind")
     parser.add_argument("--write", action="store_true", help=f"replace the figures of these runs' device kinds in {FIGURES.name}")
     parser.add_argument("--check", nargs=2, type=Path, metavar=("RUN_A", "RUN_B"),
-                        help="instead: the share of RUN_B's values inside RUN_A's intervals, within and across machines")  # fmt: skip
+                        help="instead: the share of RUN_B's values inside RUN_A's intervals and vice versa, within and across machines")  # fmt: skip
+    parser.add_argument(
+        "--figures", type=Path, default=FIGURES, help="with --check: the figures file to check (default: the committed one)"
+    )
     args = parser.parse_args(argv)
     if args.check:
-        print(coverage(*args.check).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+        figures = load(args.figures)
+        for a, b in (args.check, args.check[::-1]):
+            print(f"## {b.name} inside {a.name}'s intervals (figures: {args.figures.name})\n")
+            print(md_table(coverage(a, b, figures), ".3g"), "\n")
         return 0
     figures = estimate(args.runs)
     if not figures:

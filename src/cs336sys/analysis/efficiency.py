@@ -38,8 +38,9 @@ def _pass_index(df: pd.DataFrame) -> pd.Series | int:
 def _per_pass(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (row, pass) with that pass's start and end: merged rows keep them ;-joined.
 
-    A merged row names its first pass's GPU (``gpu_index``, ``gpu_uuid``) only: its other
-    passes' GPU is left empty here, to be found in their cell files (:func:`_jobs`).
+    A merged row names each pass's GPU in ``pass_gpu_index``/``pass_gpu_uuid``; one merged before
+    those existed names its first pass's only (``gpu_index``, ``gpu_uuid``): its other passes'
+    GPU is left empty here, to be found in their cell files (:func:`_jobs`).
     """
     df = df.assign(**{c: df[c] if c in df else None for c in GPU})
     if "pass_started_at" not in df:
@@ -52,10 +53,16 @@ def _per_pass(df: pd.DataFrame) -> pd.DataFrame:
         finished_at=df.loc[multi, "pass_finished_at"].astype(str).str.split(";"),
     )
     spans = spans.assign(pass_index=[list(range(len(v))) for v in spans["started_at"]])
-    spans = spans.explode(["started_at", "finished_at", "pass_index"])
-    later = spans["pass_index"] > 0
-    spans[GPU] = spans[GPU].astype(object)
-    spans.loc[later, GPU] = None
+    per_pass_gpu = all(f"pass_{c}" in df for c in GPU)
+    if per_pass_gpu:
+        spans = spans.assign(**{c: spans[f"pass_{c}"].astype(str).str.split(";") for c in GPU})
+        per_pass_gpu = all(len(g) == len(s) for c in GPU for g, s in zip(spans[c], spans["started_at"]))
+    if not per_pass_gpu:
+        spans = spans.assign(**{c: df.loc[multi, c] for c in GPU})
+    spans = spans.explode(["started_at", "finished_at", "pass_index", *(GPU if per_pass_gpu else [])])
+    spans[GPU] = spans[GPU].astype(object).replace({"": None, "nan": None})
+    if not per_pass_gpu:
+        spans.loc[spans["pass_index"] > 0, GPU] = None
     return pd.concat([single, spans], ignore_index=True)
 
 

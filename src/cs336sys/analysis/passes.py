@@ -167,9 +167,10 @@ def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, in
             row[col] = ";".join(dict.fromkeys(str(v) for v in group[col].dropna() if str(v)))
     if "finished_at" in group:
         row["finished_at"] = last["finished_at"]
-    for col in ("started_at", "finished_at"):  # each pass's own span, for the sweep-efficiency table
+    # each pass's own span and GPU, for the sweep-efficiency table (with several GPUs, passes of a cell may differ)
+    for col in ("started_at", "finished_at", "gpu_index", "gpu_uuid"):
         if col in group:
-            row[f"pass_{col}"] = ";".join(str(v) for v in group[col])
+            row[f"pass_{col}"] = ";".join("" if pd.isna(v) else str(v) for v in group[col])
     return row
 
 
