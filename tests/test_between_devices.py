@@ -374,3 +374,29 @@ def test_the_committed_figures_are_what_the_committed_runs_give():
     assert all(r.is_dir() for r in runs), f"a run the figures name is not committed: {runs}"
     again = bd.estimate(runs)["NVIDIA H100 80GB HBM3"]
     assert {c: v["rel"] for c, v in again["classes"].items()} == {c: v["rel"] for c, v in committed["classes"].items()}
+
+
+def _gpu(median, rel=0.005):
+    return {"gpu_median_ms": median, "gpu_ci_low_ms": median * (1 - rel), "gpu_ci_high_ms": median * (1 + rel)}
+
+
+@pytest.mark.parametrize("gpu_b, expected", [(5.5, "slower"), (4.5, "faster"), (5.02, HOST_DEPENDENT)])
+def test_a_host_bound_row_whose_gpu_time_moved_is_judged_by_it(tmp_path, gpu_b, expected):
+    """On two machines a host-bound row moves with the host; its GPU time does not, unless the GPU's work changed."""
+    a = write_run(tmp_path / "a", [row("c", 10.0, 0.4, GPU1, rel=0.01, **_gpu(5.0))])
+    b = write_run(tmp_path / "b", [row("c", 14.0, 0.4, GPU2, rel=0.01, **_gpu(gpu_b))])
+    ra, rb = _load(a, b)
+    figures = {H100: {"classes": {"launch-bound": {"rel": 0.05}, "gpu time": {"rel": 0.01}}}}
+    table = cmp.compare_runs(ra, rb, machines=machines_of(ra, rb, figures))
+    assert table.loc[0, "verdict"] == expected
+    assert len(cmp.regressions(table, 1.0)) == (expected == "slower")
+
+
+def test_a_study_without_timing_rows_compares_on_two_machines(tmp_path):
+    """A study with no timed rows (memory, precision) beside GPU-time columns: an empty table, no error."""
+    a = write_run(tmp_path / "a", [row("c", 10.0, 0.4, GPU1, **_gpu(5.0))])
+    b = write_run(tmp_path / "b", [row("c", 10.0, 0.4, GPU2, **_gpu(5.0))])
+    ra, rb = _load(a, b)
+    empty = ra["mha"].iloc[0:0]
+    table = cmp.compare_study(empty, rb["mha"].iloc[0:0], machines_of(ra, rb, FIG3), "mha")
+    assert table.empty

@@ -46,7 +46,7 @@ import pandas as pd
 import yaml
 
 from cs336sys.analysis.markdown import md_table
-from cs336sys.analysis.passes import drift_class
+from cs336sys.analysis.passes import drift_class, partner_cell
 from cs336sys.analysis.repeatability import EAGER, GPU_TIME, PAIRED, run_measures
 from cs336sys.fileio import write_text_atomic
 
@@ -94,8 +94,10 @@ def classified(run_dir: Path) -> pd.DataFrame:
     step_busy = _busy_by_step(measured[EAGER]) if EAGER in measured else {}
     for measure, rows in measured.items():
         rows = rows.reset_index()
-        if measure == PAIRED:
-            busy = [step_busy.get((r.study, r.cell_id, r.mode), np.nan) for r in rows.itertuples()]
+        if measure == PAIRED:  # the more host-bound side's class, as the merge pools it (passes._pair_busy)
+            busy = [np.nanmin([step_busy.get((r.study, c, r.mode), np.nan) for c in (r.cell_id, partner_cell(r.cell_id, r.pair_with))])
+                    if any((r.study, c, r.mode) in step_busy for c in (r.cell_id, partner_cell(r.cell_id, r.pair_with))) else np.nan
+                    for r in rows.itertuples()]  # fmt: skip
         else:
             busy = pd.to_numeric(rows.get("gpu_busy_frac", pd.Series(np.nan, index=rows.index)), errors="coerce").tolist()
         key = rows[["study", "cell_id", "mode", "phase"]].astype(str).agg("|".join, axis=1)

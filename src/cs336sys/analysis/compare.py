@@ -31,18 +31,17 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from cs336sys.analysis import compare_plot
 from cs336sys.analysis.compare_machines import HOST_DEPENDENT, Machines, evidence, machines_of, machines_text
 from cs336sys.analysis.compare_plot import cell_text, cells_md, md
+from cs336sys.analysis.compare_setup import config_diff, environment_diff, load_config
 from cs336sys.analysis.html import report_page
 from cs336sys.analysis.passes import HOST_PROBE
 from cs336sys.analysis.tables import load_study
 from cs336sys.fileio import atomic_path, write_text_atomic
 from cs336sys.pipeline.columns import GPU_TIME_PREFIX, timed_kind
 
-ENV_FIELDS = ("device_name", "driver_version", "torch_version", "cuda_version", "git_commit", "host")
 KEYS = ("cell_id", "mode", "phase")
 FAILED = frozenset({"oom", "error", "timeout"})
 VERDICTS = ("faster", "slower", HOST_DEPENDENT, "same", "n/a")
@@ -96,7 +95,14 @@ def _prepare(df: pd.DataFrame) -> pd.DataFrame:
     for key in KEYS:
         out[key] = df[key].fillna("").astype(str) if key in df.columns else ""
     out["status"] = df["status"].fillna("").astype(str) if "status" in df.columns else ""
-    for col in ("median_ms", "ci_low_ms", "ci_high_ms", "gpu_busy_frac", GPU_TIME_PREFIX + "median_ms", HOST_PROBE):
+    for col in (
+        "median_ms",
+        "ci_low_ms",
+        "ci_high_ms",
+        "gpu_busy_frac",
+        *(GPU_TIME_PREFIX + c for c in ("median_ms", "ci_low_ms", "ci_high_ms")),
+        HOST_PROBE,
+    ):
         out[col] = pd.to_numeric(df[col], errors="coerce") if col in df.columns else np.nan
     out["has_ci"] = "ci_low_ms" in df.columns and "ci_high_ms" in df.columns
     marks = [df[c].map(_truthy).map({True: c, False: ""}) for c in ("noisy", "host_bound") if c in df.columns]
@@ -151,6 +157,8 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame, machines: Machines | None = 
     figure, low, high, host_bound = machines.across(study, busy, ratio, r_low, r_high)
     r_low, r_high = pd.Series(low, index=m.index).where(known), pd.Series(high, index=m.index).where(known)
     verdict = np.select([~known, host_bound & moved, r_low > 1, r_high < 1], ["n/a", HOST_DEPENDENT, "slower", "faster"], "same")
+    by_gpu = machines.gpu_verdicts(m)  # a host-bound row whose GPU time moved: the GPU's work changed
+    verdict = np.where((verdict == HOST_DEPENDENT) & (by_gpu != ""), by_gpu, verdict)
     host_ratio = m[HOST_PROBE + "_b"] / m[HOST_PROBE + "_a"]
     gpu_ratio = m[GPU_TIME_PREFIX + "median_ms_b"] / m[GPU_TIME_PREFIX + "median_ms_a"]
     only_in = np.select([m["_merge"] == "left_only", m["_merge"] == "right_only"], ["a", "b"], "")
@@ -206,46 +214,6 @@ def regressions(table: pd.DataFrame, fail_above: float) -> pd.DataFrame:
     slower = (table["verdict"] == "slower") & (table["ratio"] > fail_above)
     broke = (table["status_a"] == "ok") & table["status_b"].isin(FAILED)
     return table[slower | broke]
-
-
-def _env_values(frames: Mapping[str, pd.DataFrame], field: str) -> str:
-    values = {str(v) for df in frames.values() if field in df.columns for v in df[field].dropna() if str(v) != ""}
-    return ", ".join(sorted(values))
-
-
-def environment_diff(a_frames: Mapping[str, pd.DataFrame], b_frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """(field, a, b, differs) for the environment columns; several values per run are joined with ', '."""
-    rows = [(f, _env_values(a_frames, f), _env_values(b_frames, f)) for f in ENV_FIELDS]
-    return pd.DataFrame([(f, a, b, a != b) for f, a, b in rows], columns=["field", "a", "b", "differs"])
-
-
-def _flatten(cfg: Mapping, prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in cfg.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(_flatten(value, f"{path}."))
-        else:
-            flat[path] = value
-    return flat
-
-
-def config_diff(a_cfg: Mapping | None, b_cfg: Mapping | None) -> pd.DataFrame:
-    """(key, a, b) for each dotted key whose value differs (None where absent); empty if either is None."""
-    if a_cfg is None or b_cfg is None:
-        return pd.DataFrame(columns=["key", "a", "b"])
-    fa, fb = _flatten(a_cfg), _flatten(b_cfg)
-    keys = sorted(set(fa) | set(fb))
-    return pd.DataFrame(
-        [(k, fa.get(k), fb.get(k)) for k in keys if k not in fa or k not in fb or fa[k] != fb[k]], columns=["key", "a", "b"]
-    )
-
-
-def _load_config(run_dir: Path) -> Mapping | None:
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        return None
-    return yaml.safe_load(path.read_text()) or {}
 
 
 def _study_section(study: str, t: pd.DataFrame, figure: str | None) -> list[str]:
@@ -343,7 +311,7 @@ def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Pa
     if len(regs):
         lines += [cells_md(regs, ["status_change"]), ""]
     lines += ["## Environment", "", md(environment_diff(*runs)), "", "## Config", ""]
-    cfgs = _load_config(a_dir), _load_config(b_dir)
+    cfgs = load_config(a_dir), load_config(b_dir)
     if None in cfgs:
         missing = " and ".join(n for n, c in zip(names, cfgs) if c is None)
         lines += [f"Not compared: no config.yaml in {missing}.", ""]

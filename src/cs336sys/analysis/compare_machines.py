@@ -6,8 +6,10 @@ each ratio's interval is widened by the between-device figure of its class
 with the host probe (``host_launch_us``, :mod:`cs336sys.measure.host_probe`) and the GPU time as
 evidence. A run's interval covers a rerun on its own machine, not on another one; two runs that
 share no GPU (``gpu_uuid``; the host for CPU runs) are two machines. A host-bound row (GPU busy
-< 90% of the step in either run) whose own intervals do not overlap is ``host-dependent``, never
-slower or faster: the host's CPU set its time. The gate ignores host-dependent rows. Reads frames
+< 90% of the step in either run) whose own intervals do not overlap is ``host-dependent``, not
+slower or faster: the host's CPU set its time; the gate ignores it. Unless both runs replayed its
+phases as CUDA graphs and that GPU time moved beyond its own intervals, widened by the ``gpu time``
+figure: then the GPU's work changed, and the row is slower or faster (and gated). Reads frames
 only; no torch.
 """
 
@@ -23,6 +25,7 @@ from cs336sys.analysis import between_devices
 from cs336sys.analysis.between_devices import MIN_GPU_BUSY, different_devices, row_class, widen
 from cs336sys.analysis.passes import HOST_PROBE
 from cs336sys.analysis.repeatability import EAGER
+from cs336sys.pipeline.columns import GPU_TIME_PREFIX
 
 HOST_DEPENDENT = "host-dependent"
 
@@ -43,6 +46,20 @@ class Machines:
         wide = [widen(r, lo, hi, None if np.isnan(f) else f) for r, lo, hi, f in zip(ratio, low, high, figure)]
         lows, highs = (np.array([w[i] for w in wide], dtype=float).reshape(-1) for i in (0, 1))
         return figure, lows, highs, (np.asarray(busy) < MIN_GPU_BUSY) & self.differ
+
+    def gpu_verdicts(self, m: pd.DataFrame) -> np.ndarray:
+        """Per row of a merged comparison: ``slower``/``faster`` where both runs replayed the row's phases as
+        CUDA graphs and those GPU-time intervals, widened by the ``gpu time`` figure, do not overlap; else ""."""
+        names = [f"{GPU_TIME_PREFIX}{c}_{side}" for side in "ab" for c in ("median_ms", "ci_low_ms", "ci_high_ms")]
+        if not all(n in m for n in names):
+            return np.full(len(m), "", dtype=object)
+        med_a, lo_a, hi_a, med_b, lo_b, hi_b = (pd.to_numeric(m[n], errors="coerce").to_numpy(dtype=float) for n in names)
+        rel = self.figures.get("gpu time")
+        wide_a = [widen(x, lo, hi, rel) for x, lo, hi in zip(med_a, lo_a, hi_a)]
+        wide_b = [widen(x, lo, hi, rel) for x, lo, hi in zip(med_b, lo_b, hi_b)]
+        slower = np.array([b[0] > a[1] for a, b in zip(wide_a, wide_b)], dtype=bool)  # bool even for no rows
+        faster = np.array([b[1] < a[0] for a, b in zip(wide_a, wide_b)], dtype=bool)
+        return np.select([slower, faster], ["slower", "faster"], "").astype(object)
 
 
 def machines_of(a: Mapping[str, pd.DataFrame], b: Mapping[str, pd.DataFrame], figures: Mapping[str, dict] | None = None) -> Machines:

@@ -27,6 +27,7 @@ Failure rows are kept from every pass (once per distinct failure).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -247,6 +248,23 @@ def combine_pairs(group: pd.DataFrame, pooled: tuple[float, int] | None = None, 
     return row
 
 
+def partner_cell(cell_id: str, pair_with: str) -> str:
+    """The cell id of a comparison's partner: ``pair_with`` (``axis=value``) in place of the cell's own value."""
+    axis, _, value = str(pair_with).partition("=")
+    return re.sub(rf"(^|_){re.escape(axis)}=[^_]*", lambda m: f"{m.group(1)}{axis}={value}", str(cell_id), count=1)
+
+
+def _pair_busy(row: pd.Series, busy) -> float | None:
+    """The lower busy share of a comparison's two sides: an fp32 step paired with its launch-bound bf16
+    partner moves with the host as the bf16 one does (on an H100, 2.00 in one pass and 1.01 in the next)."""
+    if not len(busy):
+        return None
+    own = busy.get((row["cell_id"], row["mode"]))
+    other = busy.get((partner_cell(row["cell_id"], row["pair_with"]), row["mode"]))
+    sides = [float(b) for b in (own, other) if b is not None and pd.notna(b)]
+    return min(sides) if sides else None
+
+
 def drift_class(busy: object, min_gpu_busy: float) -> str:
     """Cells pool their between-pass drift with cells whose GPU was about as busy.
 
@@ -297,13 +315,12 @@ def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0, min_gpu_busy: float
     pairs = ok & (df["kind"].astype(str) == PAIR_KIND) if "kind" in df else ok & False
     if pairs.any():
         pair_groups = [g for _, g in df[pairs].groupby(["cell_id", "mode", "phase", "pair_with"], sort=False)]
-        # a comparison's drift pools with comparisons of the same kind in cells as host-bound (eager / graph
+        # a comparison's drift pools with comparisons of the same kind whose more host-bound side is as host-bound (eager / graph
         # moves with the host far more than fp32 / bf16, and a launch-bound cell's far more than a GPU-bound one's)
         busy = (
             df[timed & (df.get("phase", "") == "step")].groupby(["cell_id", "mode"])["gpu_busy_frac"].min() if "gpu_busy_frac" in df else {}
         )
-        kind = [f"{str(g['pair_with'].iloc[0]).partition('=')[0]}/"
-                f"{drift_class(busy.get((g['cell_id'].iloc[0], g['mode'].iloc[0])) if len(busy) else None, min_gpu_busy)}"
+        kind = [f"{str(g['pair_with'].iloc[0]).partition('=')[0]}/{drift_class(_pair_busy(g.iloc[0], busy), min_gpu_busy)}"
                 for g in pair_groups]  # fmt: skip
         pair_pools = pooled_drift([(k, _pass_ratios(g)) for k, g in zip(kind, pair_groups)])
         parts.append(pd.DataFrame([combine_pairs(g, pair_pools.get(k), floor_rel) for k, g in zip(kind, pair_groups)]))

@@ -1,0 +1,55 @@
+"""What differs between two compared runs besides their numbers: the environment and the config.
+
+Used by :mod:`cs336sys.analysis.compare` for its report's "Environment" and "Config" sections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+ENV_FIELDS = ("device_name", "driver_version", "torch_version", "cuda_version", "git_commit", "host")
+
+
+def _env_values(frames: Mapping[str, pd.DataFrame], field: str) -> str:
+    values = {str(v) for df in frames.values() if field in df.columns for v in df[field].dropna() if str(v) != ""}
+    return ", ".join(sorted(values))
+
+
+def environment_diff(a_frames: Mapping[str, pd.DataFrame], b_frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """(field, a, b, differs) for the environment columns; several values per run are joined with ', '."""
+    rows = [(f, _env_values(a_frames, f), _env_values(b_frames, f)) for f in ENV_FIELDS]
+    return pd.DataFrame([(f, a, b, a != b) for f, a, b in rows], columns=["field", "a", "b", "differs"])
+
+
+def _flatten(cfg: Mapping, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in cfg.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, f"{path}."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def config_diff(a_cfg: Mapping | None, b_cfg: Mapping | None) -> pd.DataFrame:
+    """(key, a, b) for each dotted key whose value differs (None where absent); empty if either is None."""
+    if a_cfg is None or b_cfg is None:
+        return pd.DataFrame(columns=["key", "a", "b"])
+    fa, fb = _flatten(a_cfg), _flatten(b_cfg)
+    keys = sorted(set(fa) | set(fb))
+    return pd.DataFrame(
+        [(k, fa.get(k), fb.get(k)) for k in keys if k not in fa or k not in fb or fa[k] != fb[k]], columns=["key", "a", "b"]
+    )
+
+
+def load_config(run_dir: Path) -> Mapping | None:
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return None
+    return yaml.safe_load(path.read_text()) or {}
