@@ -189,7 +189,7 @@ def test_a_gpu_bound_move_inside_the_figure_is_same_on_two_machines_and_slower_o
     assert t["ratio_low"] == pytest.approx(1.02 / 1.03) and t["ratio_high"] == pytest.approx(1.02 * 1.03)
 
     m1 = machines_of(ra, r1, FIG3)
-    assert not m1.differ and not m1.figures
+    assert not m1.differ  # the figures come along, but this row ran on one GPU in both runs
     t = cmp.compare_runs(ra, r1, machines=m1).iloc[0]
     assert t["verdict"] == "slower" and math.isnan(t["figure"])
     assert t["ratio_low"] == pytest.approx(10.2 * 0.995 / 10.05)
@@ -400,3 +400,16 @@ def test_a_study_without_timing_rows_compares_on_two_machines(tmp_path):
     empty = ra["mha"].iloc[0:0]
     table = cmp.compare_study(empty, rb["mha"].iloc[0:0], machines_of(ra, rb, FIG3), "mha")
     assert table.empty
+
+
+def test_rows_a_two_gpu_run_measured_on_its_other_gpu_get_the_figure(tmp_path):
+    """One run on GPU 1 alone, the other on GPUs 1 and 2 of one host: the runs share a GPU, but a row measured
+    on GPU 2 compares two devices (the same 2% move: same there, slower where both rows ran on GPU 1)."""
+    a = write_run(tmp_path / "a", [row("on1", 10.0, GPU_BOUND, GPU1), row("on2", 10.0, GPU_BOUND, GPU1)])
+    b = write_run(tmp_path / "b", [row("on1", 10.2, GPU_BOUND, GPU1), row("on2", 10.2, GPU_BOUND, GPU2)])
+    ra, rb = _load(a, b)
+    machines = machines_of(ra, rb, FIG3)
+    assert not machines.differ
+    table = cmp.compare_runs(ra, rb, machines=machines).set_index("cell_id")
+    assert table.loc["on1", "verdict"] == "slower" and math.isnan(table.loc["on1", "figure"])
+    assert table.loc["on2", "verdict"] == "same" and table.loc["on2", "figure"] == 0.03

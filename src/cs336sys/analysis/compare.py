@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from cs336sys.analysis import compare_plot
-from cs336sys.analysis.compare_machines import HOST_DEPENDENT, Machines, evidence, machines_of, machines_text
+from cs336sys.analysis.compare_machines import HOST_DEPENDENT, Machines, evidence, machines_of, machines_text, row_gpus
 from cs336sys.analysis.compare_plot import cell_text, cells_md, md
 from cs336sys.analysis.compare_setup import config_diff, environment_diff, load_config
 from cs336sys.analysis.html import report_page
@@ -105,6 +105,7 @@ def _prepare(df: pd.DataFrame) -> pd.DataFrame:
     ):
         out[col] = pd.to_numeric(df[col], errors="coerce") if col in df.columns else np.nan
     out["has_ci"] = "ci_low_ms" in df.columns and "ci_high_ms" in df.columns
+    out["gpus"] = row_gpus(df)
     marks = [df[c].map(_truthy).map({True: c, False: ""}) for c in ("noisy", "host_bound") if c in df.columns]
     out["flags"] = [",".join(f for f in fl if f) for fl in zip(*marks)] if marks else ""
     return out.drop_duplicates(list(KEYS), keep="first").reset_index(drop=True)
@@ -154,10 +155,11 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame, machines: Machines | None = 
     r_high = (m["ci_high_ms_b"] / m["ci_low_ms_a"].where(m["ci_low_ms_a"] > 0)).fillna(np.inf).where(known)
     moved = known & ((r_low > 1) | (r_high < 1))  # the runs' own intervals do not overlap
     busy = np.fmin(m["gpu_busy_frac_a"].to_numpy(dtype=float), m["gpu_busy_frac_b"].to_numpy(dtype=float))
-    figure, low, high, host_bound = machines.across(study, busy, ratio, r_low, r_high)
+    differ = machines.rows_differ(m["gpus_a"], m["gpus_b"])  # a two-GPU run's cells ran on either GPU
+    figure, low, high, host_bound = machines.across(study, busy, ratio, r_low, r_high, differ)
     r_low, r_high = pd.Series(low, index=m.index).where(known), pd.Series(high, index=m.index).where(known)
     verdict = np.select([~known, host_bound & moved, r_low > 1, r_high < 1], ["n/a", HOST_DEPENDENT, "slower", "faster"], "same")
-    by_gpu = machines.gpu_verdicts(m)  # a host-bound row whose GPU time moved: the GPU's work changed
+    by_gpu = machines.gpu_verdicts(m, differ)  # a host-bound row whose GPU time moved: the GPU's work changed
     verdict = np.where((verdict == HOST_DEPENDENT) & (by_gpu != ""), by_gpu, verdict)
     host_ratio = m[HOST_PROBE + "_b"] / m[HOST_PROBE + "_a"]
     gpu_ratio = m[GPU_TIME_PREFIX + "median_ms_b"] / m[GPU_TIME_PREFIX + "median_ms_a"]

@@ -39,41 +39,63 @@ class Machines:
     figures: Mapping[str, float] = field(default_factory=dict)
     device_name: str = ""
 
-    def across(self, study: str, busy: np.ndarray, ratio, low, high) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def rows_differ(self, gpus_a: pd.Series, gpus_b: pd.Series) -> np.ndarray:
+        """Per row: measured on different GPUs in the two runs (each row's own GPUs, :func:`row_gpus`), else as the runs are."""
+        out = []
+        for ga, gb in zip(gpus_a.fillna(""), gpus_b.fillna("")):
+            sa, sb = set(str(ga).split(";")) - {""}, set(str(gb).split(";")) - {""}
+            out.append(not (sa & sb) if sa and sb else self.differ)
+        return np.array(out, dtype=bool)
+
+    def across(self, study: str, busy: np.ndarray, ratio, low, high, differ: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per row of a study: the between-device figure applied (nan: none), the ratio's interval widened by
-        it, and whether the row is host-bound on two machines (GPU busy share ``busy``, the lower of the runs')."""
-        figure = np.array([self.figures.get(row_class(EAGER, study, x), np.nan) if self.differ else np.nan for x in busy], dtype=float)
+        it, and whether the row is host-bound on two devices (GPU busy share ``busy``, the lower of the runs')."""
+        figure = np.array(
+            [self.figures.get(row_class(EAGER, study, x), np.nan) if d else np.nan for x, d in zip(busy, differ)], dtype=float
+        )
         wide = [widen(r, lo, hi, None if np.isnan(f) else f) for r, lo, hi, f in zip(ratio, low, high, figure)]
         lows, highs = (np.array([w[i] for w in wide], dtype=float).reshape(-1) for i in (0, 1))
-        return figure, lows, highs, (np.asarray(busy) < MIN_GPU_BUSY) & self.differ
+        return figure, lows, highs, (np.asarray(busy) < MIN_GPU_BUSY) & differ
 
-    def gpu_verdicts(self, m: pd.DataFrame) -> np.ndarray:
+    def gpu_verdicts(self, m: pd.DataFrame, differ: np.ndarray) -> np.ndarray:
         """Per row of a merged comparison: ``slower``/``faster`` where both runs replayed the row's phases as
-        CUDA graphs and those GPU-time intervals, widened by the ``gpu time`` figure, do not overlap; else ""."""
+        CUDA graphs and those GPU-time intervals, widened by the ``gpu time`` figure where the row's devices
+        differ, do not overlap; else ""."""
         names = [f"{GPU_TIME_PREFIX}{c}_{side}" for side in "ab" for c in ("median_ms", "ci_low_ms", "ci_high_ms")]
         if not all(n in m for n in names):
             return np.full(len(m), "", dtype=object)
         med_a, lo_a, hi_a, med_b, lo_b, hi_b = (pd.to_numeric(m[n], errors="coerce").to_numpy(dtype=float) for n in names)
-        rel = self.figures.get("gpu time")
-        wide_a = [widen(x, lo, hi, rel) for x, lo, hi in zip(med_a, lo_a, hi_a)]
-        wide_b = [widen(x, lo, hi, rel) for x, lo, hi in zip(med_b, lo_b, hi_b)]
+        rel = [self.figures.get("gpu time") if d else None for d in differ]
+        wide_a = [widen(x, lo, hi, r) for x, lo, hi, r in zip(med_a, lo_a, hi_a, rel)]
+        wide_b = [widen(x, lo, hi, r) for x, lo, hi, r in zip(med_b, lo_b, hi_b, rel)]
         slower = np.array([b[0] > a[1] for a, b in zip(wide_a, wide_b)], dtype=bool)  # bool even for no rows
         faster = np.array([b[1] < a[0] for a, b in zip(wide_a, wide_b)], dtype=bool)
         return np.select([slower, faster], ["slower", "faster"], "").astype(object)
 
 
 def machines_of(a: Mapping[str, pd.DataFrame], b: Mapping[str, pd.DataFrame], figures: Mapping[str, dict] | None = None) -> Machines:
-    """:class:`Machines` for two runs' frames (as :func:`load_run` returns them)."""
+    """:class:`Machines` for two runs' frames (as :func:`load_run` returns them). The figures of their common
+    device kind come along even when the runs share a GPU: a row one run measured on another GPU of the
+    host (``--resources gpu=2``) is a row of two devices."""
     rows_a, rows_b = (pd.concat(list(f.values()), ignore_index=True) if f else pd.DataFrame() for f in (a, b))
-    if not different_devices(rows_a, rows_b):
-        return Machines()
+    differ = different_devices(rows_a, rows_b)
     names = between_devices.device_names(rows_a) | between_devices.device_names(rows_b)
     if len(names) != 1:  # different kinds of device: the comparison is the point, there is no figure to add
-        return Machines(differ=True, device_name=" vs ".join(sorted(names)))
+        return Machines(differ=differ, device_name=" vs ".join(sorted(names)))
     name = next(iter(names))
     figures = between_devices.load() if figures is None else figures
     classes = figures.get(name, {}).get("classes", {})
-    return Machines(differ=True, figures={c: float(v["rel"]) for c, v in classes.items()}, device_name=name)
+    return Machines(differ=differ, figures={c: float(v["rel"]) for c, v in classes.items()}, device_name=name)
+
+
+def row_gpus(df: pd.DataFrame) -> pd.Series:
+    """Each row's GPUs, ``;``-joined: its own (``gpu_uuid``) and its passes' (``pass_gpu_uuid``); "" where unnamed."""
+    parts = [df[c].fillna("").astype(str) for c in ("gpu_uuid", "pass_gpu_uuid") if c in df]
+    if not parts:
+        return pd.Series("", index=df.index)
+    return pd.Series(
+        [";".join(sorted({g for v in vals for g in v.split(";") if g and g != "nan"})) for vals in zip(*parts)], index=df.index
+    )
 
 
 def evidence(host_ratio: float, gpu_ratio: float) -> str:
@@ -101,7 +123,12 @@ def machines_text(machines: Machines, runs: tuple[Mapping[str, pd.DataFrame], ..
         else "Host probe: not recorded in both runs (runs before it)."
     )
     if not machines.differ:
-        return [f"**One machine** (the runs share a GPU): intervals as measured. {host}", ""]
+        others = (
+            " except for rows the two runs measured on different GPUs, widened by their class's between-device figure"
+            if machines.figures
+            else ""
+        )
+        return [f"**One machine** (the runs share a GPU): intervals as measured{others}. {host}", ""]
     if not machines.figures:
         why = (
             f"no between-device figure is measured for {machines.device_name}"
