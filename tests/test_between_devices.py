@@ -413,3 +413,35 @@ def test_rows_a_two_gpu_run_measured_on_its_other_gpu_get_the_figure(tmp_path):
     table = cmp.compare_runs(ra, rb, machines=machines).set_index("cell_id")
     assert table.loc["on1", "verdict"] == "slower" and math.isnan(table.loc["on1", "figure"])
     assert table.loc["on2", "verdict"] == "same" and table.loc["on2", "figure"] == 0.03
+
+
+def test_a_row_judged_by_gpu_time_carries_that_ratio_and_is_gated_by_it(tmp_path):
+    """Eager 0.7× (the host got faster), GPU time 1.10×: slower, shown and gated as 1.10×, not 0.7×."""
+    a = write_run(tmp_path / "a", [row("c", 10.0, 0.4, GPU1, rel=0.01, **_gpu(5.0))])
+    b = write_run(tmp_path / "b", [row("c", 7.0, 0.4, GPU2, rel=0.01, **_gpu(5.5))])
+    ra, rb = _load(a, b)
+    figures = {H100: {"classes": {"launch-bound": {"rel": 0.05}, "gpu time": {"rel": 0.0155}}}}
+    table = cmp.compare_runs(ra, rb, machines=machines_of(ra, rb, figures))
+    got = table.iloc[0]
+    assert got["verdict"] == "slower" and got["ratio"] == pytest.approx(1.1) and got["ratio_low"] > 1
+    assert "eager ratio 0.7" in got["note"]
+    assert len(cmp.regressions(table, 1.05)) == 1
+
+
+def test_the_gpu_time_figure_widens_the_ratio_once(tmp_path):
+    """A 1.55% figure and ±0.5% intervals: GPU time 2.5% slower is beyond it (widening each side would need ~3.1%)."""
+    a = write_run(tmp_path / "a", [row("c", 10.0, 0.4, GPU1, rel=0.01, **_gpu(5.0))])
+    b = write_run(tmp_path / "b", [row("c", 14.0, 0.4, GPU2, rel=0.01, **_gpu(5.125))])
+    ra, rb = _load(a, b)
+    figures = {H100: {"classes": {"launch-bound": {"rel": 0.05}, "gpu time": {"rel": 0.0155}}}}
+    assert cmp.compare_runs(ra, rb, machines=machines_of(ra, rb, figures)).iloc[0]["verdict"] == "slower"
+
+
+def test_a_row_without_a_busy_share_on_two_machines_gets_the_widest_figure(tmp_path):
+    """No busy share (a mode measured before an OOM, an old run): its class has no figure; it must not be called
+    slower on two machines by a move the widest class (launch-bound, ±50% here) allows."""
+    a = write_run(tmp_path / "a", [row("c", 10.0, float("nan"), GPU1)])
+    b = write_run(tmp_path / "b", [row("c", 12.0, float("nan"), GPU2)])
+    ra, rb = _load(a, b)
+    got = cmp.compare_runs(ra, rb, machines=machines_of(ra, rb, FIG3)).iloc[0]
+    assert got["verdict"] == "same" and got["figure"] == 0.5

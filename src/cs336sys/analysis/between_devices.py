@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from cs336sys.analysis.compare_setup import config_diff, load_config
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.passes import drift_class, partner_cell
 from cs336sys.analysis.repeatability import EAGER, GPU_TIME, PAIRED, run_measures
@@ -148,6 +149,9 @@ def estimate(runs: Sequence[Path]) -> dict[str, dict]:
         names = set(a["device_name"]) | set(b["device_name"])
         if a.empty or b.empty or len(names) != 1 or not different_devices(a, b):
             continue
+        if not same_grid(ra, rb):  # a setting outside the cell ids (batch size, steps) would pass for device spread
+            print(f"between_devices: {ra.name} and {rb.name} ran different configs; not paired", file=sys.stderr)
+            continue
         name = names.pop()
         by_device.setdefault(name, []).append(paired_values(a, b))
         used.setdefault(name, set()).update((ra, rb))
@@ -200,6 +204,12 @@ def widen(value: float, low: float, high: float, rel: float | None) -> tuple[flo
     return min(low, value / (1 + rel)), max(high, value * (1 + rel))
 
 
+def same_grid(a_dir: Path, b_dir: Path) -> bool:
+    """Whether two runs' config.yaml agree on everything that shapes a measurement (not the run's name or caches)."""
+    diff = config_diff(load_config(Path(a_dir)), load_config(Path(b_dir)))
+    return not any(not str(k).startswith(("run", "cache_dir")) for k in diff["key"])
+
+
 def coverage(a_dir: Path, b_dir: Path, figures: Mapping[str, dict] | None = None) -> pd.DataFrame:
     """Per study and measure: the share of run b's values inside run a's interval as it stands (``inside``) and
     widened by the between-device figure of a's device (``inside_across``; the same when a figure is missing)."""
@@ -208,7 +218,9 @@ def coverage(a_dir: Path, b_dir: Path, figures: Mapping[str, dict] | None = None
     m = paired_values(a, b)
     if m.empty:
         return pd.DataFrame()
-    name = ";".join(sorted(set(a["device_name"])))
+    name = ";".join(sorted(set(a["device_name"]) | set(b["device_name"])))
+    if not different_devices(a, b):  # one device, or two kinds: no between-device figure applies
+        figures = {}
     rels = [figure(figures, name, c) for c in m["class"]]
     across = [widen(v, lo, hi, r) for v, lo, hi, r in zip(m["value_a"], m["low_a"], m["high_a"], rels)]
     m = m.assign(inside=(m["low_a"] <= m["value_b"]) & (m["value_b"] <= m["high_a"]),
@@ -245,15 +257,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--figures", type=Path, default=FIGURES, help="with --check: the figures file to check (default: the committed one)"
     )
     args = parser.parse_args(argv)
-    if args.check:
-        figures = load(args.figures)
-        for a, b in (args.check, args.check[::-1]):
-            print(f"## {b.name} inside {a.name}'s intervals (figures: {args.figures.name})\n")
-            print(md_table(coverage(a, b, figures), ".3g"), "\n")
-        return 0
-    figures = estimate(args.runs)
+    try:
+        if args.check:
+            figures = load(args.figures)
+            for a, b in (args.check, args.check[::-1]):
+                print(f"## {b.name} inside {a.name}'s intervals (figures: {args.figures.name})\n")
+                print(md_table(coverage(a, b, figures), ".3g"), "\n")
+            return 0
+        figures = estimate(args.runs)
+    except FileNotFoundError as err:
+        print(f"between_devices: {err}", file=sys.stderr)
+        return 2
     if not figures:
         print("between_devices: no two of these runs measured the same device kind on different GPUs", file=sys.stderr)
+        return 2
+    empty = [name for name, entry in figures.items() if not entry["classes"]]
+    if args.write and empty:  # writing would wipe the kind's committed figures
+        print(
+            f"between_devices: no class has {MIN_ROWS} rows measured in two runs for {', '.join(empty)}; nothing written", file=sys.stderr
+        )
         return 2
     print(yaml.safe_dump(figures, sort_keys=False, allow_unicode=True))
     if args.write:

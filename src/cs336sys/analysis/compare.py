@@ -159,10 +159,16 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame, machines: Machines | None = 
     figure, low, high, host_bound = machines.across(study, busy, ratio, r_low, r_high, differ)
     r_low, r_high = pd.Series(low, index=m.index).where(known), pd.Series(high, index=m.index).where(known)
     verdict = np.select([~known, host_bound & moved, r_low > 1, r_high < 1], ["n/a", HOST_DEPENDENT, "slower", "faster"], "same")
-    by_gpu = machines.gpu_verdicts(m, differ)  # a host-bound row whose GPU time moved: the GPU's work changed
-    verdict = np.where((verdict == HOST_DEPENDENT) & (by_gpu != ""), by_gpu, verdict)
     host_ratio = m[HOST_PROBE + "_b"] / m[HOST_PROBE + "_a"]
     gpu_ratio = m[GPU_TIME_PREFIX + "median_ms_b"] / m[GPU_TIME_PREFIX + "median_ms_a"]
+    # a host-bound row whose GPU time moved: the GPU's work changed; judged (and gated) by that ratio
+    by_gpu, gpu_low, gpu_high = machines.gpu_verdicts(m, differ)
+    by_gpu_row = (verdict == HOST_DEPENDENT) & (by_gpu != "")
+    verdict = np.where(by_gpu_row, by_gpu, verdict)
+    eager_ratio = ratio
+    ratio, r_low, r_high = (
+        x.where(~by_gpu_row, pd.Series(y, index=m.index)) for x, y in ((ratio, gpu_ratio), (r_low, gpu_low), (r_high, gpu_high))
+    )
     only_in = np.select([m["_merge"] == "left_only", m["_merge"] == "right_only"], ["a", "b"], "")
     present = m["_merge"] == "both"
     change = np.where(present & (m["status_a"] != m["status_b"]), m["status_a"].fillna("") + " → " + m["status_b"].fillna(""), "")
@@ -180,6 +186,7 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame, machines: Machines | None = 
             ~(m["has_ci_a"].eq(True) & m["has_ci_b"].eq(True)),
             ~known,
             verdict == HOST_DEPENDENT,
+            by_gpu_row,
         ],
         [
             "only in a",
@@ -190,6 +197,7 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame, machines: Machines | None = 
             "no interval recorded",
             "interval incomplete",
             [evidence(h, g) for h, g in zip(host_ratio, gpu_ratio)],
+            [f"host-bound on two devices: judged by its GPU time (eager ratio {e:.3g})" for e in eager_ratio],
         ],
         "",
     )

@@ -50,27 +50,30 @@ class Machines:
     def across(self, study: str, busy: np.ndarray, ratio, low, high, differ: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per row of a study: the between-device figure applied (nan: none), the ratio's interval widened by
         it, and whether the row is host-bound on two devices (GPU busy share ``busy``, the lower of the runs')."""
+        # a class without a figure (no busy share: a mode measured before an OOM, an old run) takes the kind's widest
+        widest = max(self.figures.values(), default=np.nan)
         figure = np.array(
-            [self.figures.get(row_class(EAGER, study, x), np.nan) if d else np.nan for x, d in zip(busy, differ)], dtype=float
+            [self.figures.get(row_class(EAGER, study, x), widest) if d else np.nan for x, d in zip(busy, differ)], dtype=float
         )
         wide = [widen(r, lo, hi, None if np.isnan(f) else f) for r, lo, hi, f in zip(ratio, low, high, figure)]
         lows, highs = (np.array([w[i] for w in wide], dtype=float).reshape(-1) for i in (0, 1))
         return figure, lows, highs, (np.asarray(busy) < MIN_GPU_BUSY) & differ
 
-    def gpu_verdicts(self, m: pd.DataFrame, differ: np.ndarray) -> np.ndarray:
-        """Per row of a merged comparison: ``slower``/``faster`` where both runs replayed the row's phases as
-        CUDA graphs and those GPU-time intervals, widened by the ``gpu time`` figure where the row's devices
-        differ, do not overlap; else ""."""
+    def gpu_verdicts(self, m: pd.DataFrame, differ: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per row of a merged comparison: the GPU-time ratio b/a's interval ([b.low / a.high, b.high / a.low],
+        widened once by the ``gpu time`` figure where the row's devices differ) and the verdict it gives where
+        both runs replayed the row's phases as CUDA graphs: ``slower``/``faster`` where it excludes 1, else ""."""
         names = [f"{GPU_TIME_PREFIX}{c}_{side}" for side in "ab" for c in ("median_ms", "ci_low_ms", "ci_high_ms")]
         if not all(n in m for n in names):
-            return np.full(len(m), "", dtype=object)
+            nan = np.full(len(m), np.nan)
+            return np.full(len(m), "", dtype=object), nan, nan
         med_a, lo_a, hi_a, med_b, lo_b, hi_b = (pd.to_numeric(m[n], errors="coerce").to_numpy(dtype=float) for n in names)
-        rel = [self.figures.get("gpu time") if d else None for d in differ]
-        wide_a = [widen(x, lo, hi, r) for x, lo, hi, r in zip(med_a, lo_a, hi_a, rel)]
-        wide_b = [widen(x, lo, hi, r) for x, lo, hi, r in zip(med_b, lo_b, hi_b, rel)]
-        slower = np.array([b[0] > a[1] for a, b in zip(wide_a, wide_b)], dtype=bool)  # bool even for no rows
-        faster = np.array([b[1] < a[0] for a, b in zip(wide_a, wide_b)], dtype=bool)
-        return np.select([slower, faster], ["slower", "faster"], "").astype(object)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio, low, high = med_b / med_a, lo_b / hi_a, hi_b / lo_a
+        wide = [widen(r, lo, hi, self.figures.get("gpu time") if d else None) for r, lo, hi, d in zip(ratio, low, high, differ)]
+        low, high = (np.array([w[i] for w in wide], dtype=float).reshape(-1) for i in (0, 1))
+        verdict = np.select([low > 1, high < 1], ["slower", "faster"], "").astype(object)  # nan compares False: ""
+        return verdict, low, high
 
 
 def machines_of(a: Mapping[str, pd.DataFrame], b: Mapping[str, pd.DataFrame], figures: Mapping[str, dict] | None = None) -> Machines:
@@ -124,9 +127,13 @@ def machines_text(machines: Machines, runs: tuple[Mapping[str, pd.DataFrame], ..
     )
     if not machines.differ:
         others = (
-            " except for rows the two runs measured on different GPUs, widened by their class's between-device figure"
-            if machines.figures
-            else ""
+            ", except rows the two runs measured on different GPUs (a two-GPU run's other GPU): those compare two devices"
+            + (
+                ", widened by their class's between-device figure"
+                if machines.figures
+                else f" (no between-device figure for {machines.device_name})"
+            )
+            + f" and, host-bound, are `{HOST_DEPENDENT}` where they moved"
         )
         return [f"**One machine** (the runs share a GPU): intervals as measured{others}. {host}", ""]
     if not machines.figures:

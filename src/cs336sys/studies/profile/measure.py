@@ -57,6 +57,7 @@ def measure(
                 "mode": mode,
                 "phase": phase,
                 **stats.as_row(),
+                **timing.state,  # the GPU's clocks and the host probe around the timed blocks, as time_steps' other callers
                 "gpu_busy_frac": busy[mode][0],
                 "gpu_busy_note": busy[mode][1],
                 "profiled_steps": profile_steps,
