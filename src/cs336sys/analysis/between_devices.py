@@ -47,14 +47,15 @@ import yaml
 
 from cs336sys.analysis.compare_setup import config_diff, load_config
 from cs336sys.analysis.markdown import md_table
-from cs336sys.analysis.passes import drift_class, partner_cell
+from cs336sys.analysis.metrics import FLAG_DEFAULTS
+from cs336sys.analysis.passes import drift_class, pair_busy
 from cs336sys.analysis.repeatability import EAGER, GPU_TIME, PAIRED, run_measures
 from cs336sys.fileio import write_text_atomic
 
 FIGURES = Path(__file__).with_name("between_devices.yaml")
 QUANTILE = 0.95
 MIN_ROWS = 5
-MIN_GPU_BUSY = 0.9  # the host_bound flag's threshold (analysis.metrics.FLAG_DEFAULTS)
+MIN_GPU_BUSY = FLAG_DEFAULTS["min_gpu_busy"]  # the host_bound flag's threshold
 
 
 def row_class(measure: str, study: str, busy: object) -> str:
@@ -81,11 +82,14 @@ def device_names(df: pd.DataFrame) -> frozenset[str]:
     return frozenset(str(v) for v in df.get("device_name", pd.Series(dtype=str)).dropna() if str(v) not in ("", "nan"))
 
 
-def _busy_by_step(eager: pd.DataFrame) -> dict[tuple, float]:
-    if "gpu_busy_frac" not in eager:
+def _busy_by_step(eager: pd.DataFrame) -> dict[str, dict[tuple[str, str], float]]:
+    """Study → (cell id, mode) → the whole step's GPU busy share."""
+    if "gpu_busy_frac" not in eager or "step" not in eager.index.get_level_values("phase"):
         return {}
-    steps = eager.xs("step", level="phase") if "step" in eager.index.get_level_values("phase") else eager.iloc[0:0]
-    return {key: pd.to_numeric(pd.Series([v]), errors="coerce").iloc[0] for key, v in steps["gpu_busy_frac"].items()}
+    out: dict[str, dict[tuple[str, str], float]] = {}
+    for (study, cell, mode), v in eager.xs("step", level="phase")["gpu_busy_frac"].items():
+        out.setdefault(study, {})[(cell, mode)] = pd.to_numeric(pd.Series([v]), errors="coerce").iloc[0]
+    return out
 
 
 def classified(run_dir: Path) -> pd.DataFrame:
@@ -95,10 +99,9 @@ def classified(run_dir: Path) -> pd.DataFrame:
     step_busy = _busy_by_step(measured[EAGER]) if EAGER in measured else {}
     for measure, rows in measured.items():
         rows = rows.reset_index()
-        if measure == PAIRED:  # the more host-bound side's class, as the merge pools it (passes._pair_busy)
-            busy = [np.nanmin([step_busy.get((r.study, c, r.mode), np.nan) for c in (r.cell_id, partner_cell(r.cell_id, r.pair_with))])
-                    if any((r.study, c, r.mode) in step_busy for c in (r.cell_id, partner_cell(r.cell_id, r.pair_with))) else np.nan
-                    for r in rows.itertuples()]  # fmt: skip
+        if measure == PAIRED:  # the more host-bound side's class, as the merge pools it
+            sides = [pair_busy(r.cell_id, r.mode, r.pair_with, step_busy.get(r.study, {})) for r in rows.itertuples()]
+            busy = [np.nan if b is None else b for b in sides]
         else:
             busy = pd.to_numeric(rows.get("gpu_busy_frac", pd.Series(np.nan, index=rows.index)), errors="coerce").tolist()
         key = rows[["study", "cell_id", "mode", "phase"]].astype(str).agg("|".join, axis=1)

@@ -1,16 +1,14 @@
-"""Whether two compared runs ran on one machine or two, and what that does to a comparison.
+"""Whether the rows of two compared runs were measured on one device or two, and what that does.
 
-:mod:`cs336sys.analysis.compare` asks this module once per comparison: on two machines of one kind
-each ratio's interval is widened by the between-device figure of its class
-(:mod:`cs336sys.analysis.between_devices`), and host-bound rows that moved are ``host-dependent``,
-with the host probe (``host_launch_us``, :mod:`cs336sys.measure.host_probe`) and the GPU time as
-evidence. A run's interval covers a rerun on its own machine, not on another one; two runs that
-share no GPU (``gpu_uuid``; the host for CPU runs) are two machines. A host-bound row (GPU busy
-< 90% of the step in either run) whose own intervals do not overlap is ``host-dependent``, not
-slower or faster: the host's CPU set its time; the gate ignores it. Unless both runs replayed its
-phases as CUDA graphs and that GPU time moved beyond its own intervals, widened by the ``gpu time``
-figure: then the GPU's work changed, and the row is slower or faster (and gated). Reads frames
-only; no torch.
+A run's interval covers a rerun on its own device, not on another one. :mod:`cs336sys.analysis.compare`
+asks this module per row (its ``gpu_uuid``/``pass_gpu_uuid``; the host for CPU runs): on two devices
+the ratio's interval is widened by the between-device figure of the row's class
+(:mod:`cs336sys.analysis.between_devices`), and a host-bound row (GPU busy < 90% of the step in either
+run) whose own intervals do not overlap is ``host-dependent``, not slower or faster, with the host
+probe (``host_launch_us``) and the GPU time as evidence; the gate ignores it. Unless both runs
+replayed its phases as CUDA graphs and that GPU time moved beyond its interval widened by the
+``gpu time`` figure: then the GPU's work changed, and the row is slower or faster (and gated).
+Reads frames only; no torch.
 """
 
 from __future__ import annotations

@@ -254,13 +254,14 @@ def partner_cell(cell_id: str, pair_with: str) -> str:
     return re.sub(rf"(^|_){re.escape(axis)}=[^_]*", lambda m: f"{m.group(1)}{axis}={value}", str(cell_id), count=1)
 
 
-def _pair_busy(row: pd.Series, busy) -> float | None:
-    """The lower busy share of a comparison's two sides: an fp32 step paired with its launch-bound bf16
-    partner moves with the host as the bf16 one does (on an H100, 2.00 in one pass and 1.01 in the next)."""
+def pair_busy(cell_id: str, mode: str, pair_with: str, busy) -> float | None:
+    """The lower busy share of a comparison's two sides (``busy``: (cell id, mode) → the step's share): an
+    fp32 step paired with its launch-bound bf16 partner moves with the host as the bf16 one does (on an
+    H100, 2.00 in one pass and 1.01 in the next)."""
     if not len(busy):
         return None
-    own = busy.get((row["cell_id"], row["mode"]))
-    other = busy.get((partner_cell(row["cell_id"], row["pair_with"]), row["mode"]))
+    own = busy.get((cell_id, mode))
+    other = busy.get((partner_cell(cell_id, pair_with), mode))
     sides = [float(b) for b in (own, other) if b is not None and pd.notna(b)]
     return min(sides) if sides else None
 
@@ -320,7 +321,7 @@ def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0, min_gpu_busy: float
         busy = (
             df[timed & (df.get("phase", "") == "step")].groupby(["cell_id", "mode"])["gpu_busy_frac"].min() if "gpu_busy_frac" in df else {}
         )
-        kind = [f"{str(g['pair_with'].iloc[0]).partition('=')[0]}/{drift_class(_pair_busy(g.iloc[0], busy), min_gpu_busy)}"
+        kind = [f"{str(g['pair_with'].iloc[0]).partition('=')[0]}/{drift_class(pair_busy(*g.iloc[0][['cell_id', 'mode', 'pair_with']], busy), min_gpu_busy)}"
                 for g in pair_groups]  # fmt: skip
         pair_pools = pooled_drift([(k, _pass_ratios(g)) for k, g in zip(kind, pair_groups)])
         parts.append(pd.DataFrame([combine_pairs(g, pair_pools.get(k), floor_rel) for k, g in zip(kind, pair_groups)]))
