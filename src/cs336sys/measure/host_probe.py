@@ -1,8 +1,9 @@
 """How fast this host launches work right now: the evidence behind "host-dependent".
 
-A launch-bound step's time is set by the host's CPU, not the GPU: two H100 machines of the same
-kind ran the same small eager step 45% apart while the same phases replayed as CUDA graphs agreed
-within 1% (issue "intervals that hold on another machine"). A comparison of two machines must be
+A launch-bound step's time is set by the host's CPU, not the GPU: two H100 machines ran the warm-up
+study's small eager step 45% apart (issue "intervals that hold on another machine"), and two others
+(h100-d06b0e7-a, -b) the e2e study's eager rows up to 65% apart while the same phases replayed as
+CUDA graphs agreed within 1.3%. A comparison of two machines must be
 able to tell that apart from a slower kernel, so every timed block records the host's speed beside
 the GPU's clocks: the host's microseconds per launch of a one-element ``add_`` (on a CPU device,
 per dispatch of it), measured just before and just after the block (``start_host_launch_us``,
