@@ -14,7 +14,7 @@ from cs336sys.models.sizes import known_sizes
 from cs336sys.pipeline.config import ConfigError, load_schema, validate_config
 from workflow_helpers import DEMO, REPO, copy_repo, load_config, snakemake, write_yaml
 
-SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA = REPO / "src" / "cs336sys" / "pipeline" / "config.schema.yaml"  # package data, beside pipeline/config.py
 PRESETS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "config").glob("*.yaml"))
 
 

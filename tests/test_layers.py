@@ -24,7 +24,7 @@ from workflow_helpers import DEMO, REPO, load_config
 
 SRC = REPO / "src"
 PACKAGE = SRC / "cs336sys"
-SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA = PACKAGE / "pipeline" / "config.schema.yaml"
 MAX_LINES = 400
 # the Triton kernels: one file on purpose; the tutorial copy keeps upstream's layout to diff against it
 LONG_MODULES = {"models/triton_attention.py", "models/triton_tutorial_attention.py"}

@@ -10,7 +10,7 @@ import pytest
 from cs336sys.pipeline import config as C
 from workflow_helpers import REPO, load_config
 
-SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA = REPO / "src" / "cs336sys" / "pipeline" / "config.schema.yaml"  # package data, beside pipeline/config.py
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]*$")  # the schema's $defs.name
 
 NAMES = {  # NVML names as nvidia-smi prints them

@@ -17,6 +17,7 @@ from cs336sys.pipeline.gpulock import visible_gpus
 from cs336sys.pipeline.jobs import cell_threads
 from cs336sys.pipeline.priorities import callable_priorities, expected_seconds, job_priorities
 from cs336sys.pipeline.config import ConfigError, check_run_snapshot, settings_snapshot, validate_config
+from cs336sys.pipeline.config import SCHEMA_PATH  # package data: src/cs336sys/pipeline/config.schema.yaml
 from cs336sys.pipeline.config_file import check_layer, load_config_file
 from cs336sys.pipeline.provenance import file_hash, modules_hash, module_closure
 
@@ -26,7 +27,7 @@ try:
     for _file in workflow.configfiles:
         load_config_file(_file)
     check_layer(dict(workflow.config_settings.config), "--config")  # `--config e2e=` is an empty block too
-    validate_config(config, Path(workflow.basedir) / "workflow/schemas/config.schema.yaml")
+    validate_config(config, SCHEMA_PATH)
     check_fault_spec(os.environ.get(FAULT_ENV, ""))
 except (ConfigError, ValueError) as exc:
     raise WorkflowError(str(exc)) from None

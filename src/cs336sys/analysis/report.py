@@ -43,7 +43,7 @@ recomputation credited); an attention core's (`attention`, `flash`) is {ATTENTIO
 forward+backward {1 + ATTENTION_BACKWARD_FACTOR:g}×, for every implementation, as the FlashAttention-2 paper and Triton's
 fused-attention tutorial count (2× for dQ, dK, dV plus 0.5× for the recomputed QKᵀ), so these
 TFLOP/s compare with published figures. TFLOP/s uses the median time; MFU
-divides by the dense peak of the GPU at that precision (`cs336sys.metrics.PEAK_TFLOPS`, overridable
+divides by the dense peak of the GPU at that precision (`cs336sys.analysis.metrics.PEAK_TFLOPS`, overridable
 by the config's `peak_tflops`), and is empty when the device is not in the table.
 Precisions: `fp32` = strict fp32 (TF32 off), `tf32` = fp32 with TF32 matmuls, `bf16` = bf16
 autocast of forward and loss with fp32 parameters (attention studies cast inputs to bf16).

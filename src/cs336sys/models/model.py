@@ -2,7 +2,7 @@
 
 token embedding → num_layers × [x + attn(ln1(x)); h + ffn(ln2(h))] → RMSNorm → untied LM head.
 No biases, no dropout. The attention core is chosen by name from
-:mod:`cs336sys.attention`, so one model serves every implementation and the
+:mod:`cs336sys.models.attention`, so one model serves every implementation and the
 profiler ranges live in the attention functions, not in a copy of the model.
 """
 

@@ -27,7 +27,9 @@ import yaml
 from cs336sys.models.sizes import MODEL_SIZES, known_sizes
 from cs336sys.pipeline.config_file import ConfigError, check_size, load_yaml  # the strict reader, its limits
 
-SCHEMA_PATH = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "config.schema.yaml"
+# package data (pyproject.toml) beside this module, so that a non-editable install finds it; the workflow
+# (common.smk) validates against the same file
+SCHEMA_PATH = Path(__file__).resolve().with_name("config.schema.yaml")
 
 # top-level keys in every cell's params (studies.cell_settings): changing one remeasures every cell of a run
 RUN_WIDE_KEYS = ("device", "memory_fraction", "cache_dir")
