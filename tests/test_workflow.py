@@ -168,6 +168,7 @@ def _cells(root: Path, predicate=lambda study, axes: True) -> set[tuple[str, str
 def test_rerun_nothing_on_second_invocation(rerun):
     run = dry_run(rerun, DEMO, REDUCED_FILE)
     assert run.nothing_to_do, run.describe()
+    assert "code changed" not in run.result.output, run.describe()
 
 
 def test_rerun_touching_sources_reruns_nothing(rerun):
@@ -197,6 +198,8 @@ def test_rerun_after_editing_attention_py(rerun):
     for job in run.jobs:
         if re.search(r"_(cell|pass\d+)$", job.rule):
             assert "params" in job.reason.lower(), f"{job.rule} {job.wildcards} reran for another reason: {job.reason}"
+    # the reason names the edited file, with how many cell jobs it reruns
+    assert "code changed since these cells were measured: models/attention.py → " in run.result.output, run.describe()
     assert run.studies("merge") == set(REDUCED_STUDIES), run.describe()
     assert run.studies("plots") == set(REDUCED_STUDIES), run.describe()
     assert run.counts()["report"] == 1 and run.counts()["all"] == 1, run.describe()

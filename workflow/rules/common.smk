@@ -20,6 +20,7 @@ from cs336sys.pipeline.config import ConfigError, check_run_snapshot, settings_s
 from cs336sys.pipeline.config import SCHEMA_PATH  # package data: src/cs336sys/pipeline/config.schema.yaml
 from cs336sys.pipeline.config_file import check_layer, load_config_file
 from cs336sys.pipeline.provenance import file_hash, modules_hash, module_closure
+from cs336sys.pipeline.code_record import file_hashes, record_path, rerun_notes
 
 try:
     # Snakemake has merged these already, keeping the last of two equal keys and reading YAML 1.1
@@ -215,6 +216,29 @@ PRIORITIES = job_priorities(
     expected_seconds(GRIDS, {s: passes(s) for s in STUDIES}, previous_cell_csv), MAX_PASSES
 )
 SNAPSHOT_PRIORITY = PRIORITIES.above_cells
+
+
+# Snakemake's reason for a cell whose code hash changed is "params have changed": say which
+# files (pipeline.code_record). Once, in the invocation that plans the jobs, not in each job's.
+_CODE_FILES = {}
+
+
+def _current_code(study, axes):
+    modules = tuple(S.cell_modules(study, axes))
+    if modules not in _CODE_FILES:
+        _CODE_FILES[modules] = file_hashes(modules)
+    return _CODE_FILES[modules]
+
+
+if not (workflow.remote_exec or workflow.subprocess_exec):
+    for _note in rerun_notes(
+        (s, previous_cell_csv(s, cell, k), _current_code(s, axes))
+        for s in STUDIES
+        for k in range(passes(s))
+        for cell, axes in GRIDS[s].items()
+        if record_path(previous_cell_csv(s, cell, k)).is_file()
+    ):
+        print(_note, file=sys.stderr)
 
 
 def cell_priority(study, k=0):

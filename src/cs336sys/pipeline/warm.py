@@ -250,9 +250,21 @@ def _job(request: dict[str, Any], owner_pid: int | None = None) -> str:
         if owner_pid is not None and not pid_alive(owner_pid):
             raise RuntimeError("the job is gone; its cell's CSV is not written")
         write_csv_atomic(rows_to_frame(rows, cell.axes), out)
+        _record_code(cell, out)
         summary = f"{cell.cell_id}: " + ", ".join(sorted({r["status"] for r in rows}))
         print(summary)
     return summary
+
+
+def _record_code(cell: Any, out: Path) -> None:
+    """Leave the hashes of the files this cell ran beside its CSV (pipeline.code_record); never fails the job."""
+    from cs336sys import studies
+    from cs336sys.pipeline.code_record import file_hashes, write_record
+
+    try:
+        write_record(out, file_hashes(studies.cell_modules(cell.study, cell.axes)))
+    except Exception as err:  # noqa: BLE001 - the record only explains a later rerun; the cell is measured
+        print(f"no code record for {out.name}: {err}")
 
 
 def _send(conn: socket.socket, message: dict[str, Any]) -> bool:

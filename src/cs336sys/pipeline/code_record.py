@@ -1,0 +1,75 @@
+"""Which source files a cell was measured with, so that a rerun names the edit that caused it.
+
+A cell's job carries one hash over the modules its measuring process runs
+(``studies.cell_code_hash``); Snakemake reruns the cell when it changes, but its
+reason only says "params have changed". Next to each cell's CSV the job leaves
+the hash of every one of those files (``<cell>.csv.code.json``); when the
+workflow is parsed again it compares them with the files as they are now and
+prints which files changed for how many cells. Not a Snakemake output: a run
+measured before these records existed (or a record lost) only loses the
+explanation, never a cell. Not imported by the measuring process either, so
+editing this module reruns nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from cs336sys.fileio import write_text_atomic
+from cs336sys.pipeline.provenance import PACKAGE_DIR, file_hash, module_file
+
+SUFFIX = ".code.json"
+
+
+def record_path(output: str | Path) -> Path:
+    """Where the record of the cell CSV ``output`` lives: beside it, with :data:`SUFFIX` appended."""
+    return Path(f"{output}{SUFFIX}")
+
+
+def file_hashes(modules: Iterable[str]) -> dict[str, str]:
+    """``{package-relative path: content hash}`` of the source files of ``modules``."""
+    files = {module_file(m) for m in modules} - {None}
+    return {path.relative_to(PACKAGE_DIR).as_posix(): file_hash(path) for path in sorted(files)}  # type: ignore[union-attr]
+
+
+def write_record(output: str | Path, files: Mapping[str, str]) -> Path:
+    return write_text_atomic(record_path(output), json.dumps(dict(sorted(files.items())), indent=0) + "\n")
+
+
+def read_record(output: str | Path) -> dict[str, str] | None:
+    """The record beside ``output``; None where there is none or it does not parse (never raises)."""
+    try:
+        record = json.loads(record_path(output).read_text())
+    except (OSError, ValueError):
+        return None
+    return {str(k): str(v) for k, v in record.items()} if isinstance(record, dict) else None
+
+
+def changed_files(recorded: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
+    """Files edited, added or no longer run since ``recorded``, sorted."""
+    return sorted(f for f in set(recorded) | set(current) if recorded.get(f) != current.get(f))
+
+
+def rerun_notes(cells: Iterable[tuple[str, str | Path, Mapping[str, str]]]) -> list[str]:
+    """One line per set of changed files: which files, and how many cell jobs of which studies they rerun.
+
+    ``cells`` holds (study, cell CSV, the cell's files as they are now) for every cell job of the
+    run; a cell without a record (not measured yet, or measured before records existed) says nothing.
+    """
+    jobs: dict[tuple[str, ...], Counter[str]] = defaultdict(Counter)
+    for study, output, current in cells:
+        recorded = read_record(output)
+        if recorded is None:
+            continue
+        changed = tuple(changed_files(recorded, current))
+        if changed:
+            jobs[changed][study] += 1
+    return [
+        f"code changed since these cells were measured: {', '.join(files)} → "
+        + ", ".join(f"{n} {study} cell job{'s' * (n > 1)}" for study, n in sorted(counts.items()))
+        + " rerun"
+        for files, counts in sorted(jobs.items())
+    ]
