@@ -8,6 +8,7 @@ import re
 
 import pandas as pd
 
+from cs336sys import catalog
 from cs336sys.analysis.answers_common import Note, Run, cannot_measure, device, first, links, listing, mib, not_measured, num, section
 from cs336sys.analysis.findings import oom_frontier, paired_ratios, scaling_slopes
 from cs336sys.analysis.markdown import md_table
@@ -222,7 +223,7 @@ def _flash(run: Run) -> tuple[str, str]:
     for key, part in ok.groupby(FLASH_INDEX):
         row = dict(zip(FLASH_INDEX, key)) | {impl: note.ms(first(part, impl=impl)) for impl in impls if first(part, impl=impl) is not None}
         # PyTorch's implementations only: our atomic-dQ variant and Triton's tutorial kernel are listed in the table
-        others = part[~part["impl"].isin(["triton", "triton-atomic", "tutorial"])]
+        others = part[~part["impl"].isin([i.name for i in catalog.impls("flash") if i.family in ("ours", "reference")])]
         if "triton" in set(part["impl"]) and not others.empty:
             best = others.loc[others["median_ms"].idxmin(), "impl"]
             r = paired_ratios(part, FLASH_INDEX, "impl", best, "triton")

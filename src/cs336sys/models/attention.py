@@ -5,27 +5,33 @@ leading batch/head dims) and returns ``(..., L, d)``; all are autograd-capable.
 The causal mask is aligned top-left: key ``j`` is hidden from query ``i`` when
 ``j > i``.
 
-Registry: ``get_attention(impl, activation)`` answers a callable, or ``None``
-for a combination that does not exist (sdpa has no ReLU); this is the one
-place that knows which combinations are valid.
+Dispatch: ``resolve(impl, activation)`` looks ``impl`` up in ``cs336sys.catalog``
+and answers (callable, context factory), or ``None`` for an activation the
+implementation lacks (sdpa has no ReLU); ``get_attention`` answers the callable
+of a core the attention and LM studies offer. An implementation's module is
+imported here, by name, only when asked for: Triton stays optional.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 from collections.abc import Callable
-from functools import cache, lru_cache
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.nn.functional as F
 
+from cs336sys import catalog
 from cs336sys.models.annotate import annotate
 from cs336sys.models.variants import ACTIVATIONS, IMPLS, is_valid, needs_cuda  # noqa: F401  (re-exported)
 
 AttentionFn = Callable[..., torch.Tensor]
+ContextFactory = Callable[[], AbstractContextManager]
 
 
-@lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)
 def _causal_mask(seq_len: int, device: torch.device) -> torch.Tensor:
     # One mask per (L, device), shared by all layers and calls; True = hidden.
     return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1)
@@ -73,30 +79,37 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal:
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
 
-_EAGER: dict[str, AttentionFn] = {"softmax": softmax_attention, "relu": relu_attention}
+@functools.cache  # torch.compile once per (implementation, activation) in a process, as every layer shares it
+def _callable(impl: str, activation: str) -> AttentionFn:
+    line = catalog.lookup(impl)
+    fn = getattr(importlib.import_module(line.module), line.entry[activation])
+    fn = functools.partial(fn, **line.options) if line.options else fn
+    return torch.compile(fn) if line.compile else fn
 
 
-@cache
-def _compiled(activation: str) -> AttentionFn:
-    return torch.compile(_EAGER[activation])
+def _context(backend: str) -> ContextFactory:
+    if not backend:
+        return nullcontext
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = SDPBackend.__members__.get(backend)
+    if chosen is None:
+        raise ValueError(f"SDPA backend {backend!r} (a catalog line's `backend`) is not one of {', '.join(SDPBackend.__members__)}")
+    return lambda: sdpa_kernel(chosen)
 
 
-def _triton(activation: str) -> AttentionFn:
-    from cs336sys.models import triton_attention  # imported lazily: Triton is optional
-
-    return {"softmax": triton_attention.flash_attention, "relu": triton_attention.relu_attention_fused}[activation]
+def resolve(impl: str, activation: str = "softmax", study: str | None = None) -> tuple[AttentionFn, ContextFactory] | None:
+    """(attention callable, factory of the context to call it in) of catalog implementation ``impl``;
+    ``None`` where it has no ``activation``. ``study``: refuse names that study does not offer."""
+    line = catalog.lookup(impl, study)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
+    if activation not in line.activations:
+        return None
+    return _callable(impl, activation), _context(line.backend)
 
 
 def get_attention(impl: str, activation: str = "softmax") -> AttentionFn | None:
     """The attention core named ``impl`` for ``activation``; ``None`` if that pair does not exist."""
-    if impl not in IMPLS:
-        raise ValueError(f"unknown attention implementation {impl!r}; known: {', '.join(IMPLS)}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
-    if impl == "eager":
-        return _EAGER[activation]
-    if impl == "compiled":
-        return _compiled(activation)
-    if impl == "sdpa":
-        return sdpa_attention if activation == "softmax" else None
-    return _triton(activation)
+    found = resolve(impl, activation, study="attention")  # the LM studies offer a subset of the attention study's
+    return found[0] if found else None

@@ -13,8 +13,7 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from cs336sys.models.performer import KERNELS, orthogonal_features, performer_attention
-from cs336sys.models.variants import MHA_VARIANTS, mha_is_valid
+from cs336sys.models.variants import MHA_VARIANTS, PERFORMER_KERNELS, mha_is_valid
 
 VARIANTS = MHA_VARIANTS
 is_valid = mha_is_valid
@@ -33,7 +32,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         if not is_valid(variant, kernel):
             raise ValueError(
-                f"invalid mha variant × kernel {variant} × {kernel}; variants {VARIANTS}, kernels {KERNELS} (sdpa is softmax only)"
+                f"invalid mha variant × kernel {variant} × {kernel}; variants {VARIANTS}, kernels {PERFORMER_KERNELS} (sdpa is softmax only)"
             )
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
@@ -41,6 +40,8 @@ class MultiHeadAttention(nn.Module):
         self.in_proj = nn.Linear(embed_dim, 3 * embed_dim)  # q, k, v as nn.MultiheadAttention packs them
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         if variant == "performer":
+            from cs336sys.models.performer import orthogonal_features  # only Performer cells hash it (studies.mha)
+
             if not num_features:
                 raise ValueError("performer needs num_features (m)")
             self.register_buffer("features", orthogonal_features(num_features, embed_dim // num_heads, seed))
@@ -48,6 +49,8 @@ class MultiHeadAttention(nn.Module):
 
     def _make_core(self):
         if self.variant == "performer":
+            from cs336sys.models.performer import performer_attention
+
             return lambda q, k, v: performer_attention(q, k, v, self.features, self.kernel)
         from cs336sys.models.attention import get_attention
 

@@ -24,6 +24,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from cs336sys import catalog
 from cs336sys.models.sizes import MODEL_SIZES, known_sizes
 from cs336sys.pipeline.config_file import ConfigError, check_size, load_yaml  # the strict reader, its limits
 
@@ -97,7 +98,14 @@ def _copy(value: Any) -> Any:
 
 
 def load_schema(schema_path: str | Path = SCHEMA_PATH) -> dict:
-    return yaml.safe_load(Path(schema_path).read_text())
+    """The schema, with each study's ``impl`` names filled in from the implementation catalog."""
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    for study in catalog.STUDIES:
+        grid = schema.get("properties", {}).get(study, {}).get("properties", {}).get("grid", {})
+        impl = grid.get("properties", {}).get("impl")
+        if impl is not None:  # a schema without the study (a test's) has nothing to fill
+            impl["items"] = {"enum": list(catalog.names(study))}
+    return schema
 
 
 def validate_schema(config: dict, schema_path: str | Path = SCHEMA_PATH) -> None:

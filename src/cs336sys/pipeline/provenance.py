@@ -3,9 +3,11 @@
 The files are derived, not listed by hand: :func:`module_closure` walks the
 ``cs336sys`` imports (top-level and inside functions) of a cell's measurement
 and of the cell runner, with the package ``__init__`` files they pass through.
-An optional backend imported lazily (our Triton kernels) is left out of the
-cells that do not select it (``Study.optional_modules``), so editing the Triton
-file reruns the Triton cells only. A test records the modules that each demo
+An attention implementation's module, which dispatch imports by name, is a
+root only of the cells whose ``impl`` selects it (``cs336sys.catalog``,
+``studies.cell_modules``), so editing the Triton file reruns the Triton cells
+only; ``Study.optional_modules`` leaves other modules out of cells that never
+run them. A test records the modules that each demo
 cell's measuring process really loaded and checks that all of them are hashed.
 """
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cs336sys import catalog
 from cs336sys.pipeline.columns import RESERVED_COLUMNS
 
 Axes = dict[str, Any]
@@ -68,7 +69,9 @@ class Study:
     extra_cells: Callable[[Mapping[str, Any]], list[Axes]] | None = None  # cells beyond the product
     cell_keys: tuple[str, ...] = ()  # section keys used by extra_cells, not passed to the measurement
     config_keys: tuple[str, ...] = ()  # top-level config keys passed to the measurement (extra_sizes)
-    optional_modules: Mapping[str, Callable[[Axes], bool]] = field(default_factory=dict)  # module → runs in this cell?
+    # module → runs in this cell? (for modules the measurement imports but some cells never run; an attention
+    # implementation's module is hashed from the catalog where the cell's `impl` selects it: cell_modules)
+    optional_modules: Mapping[str, Callable[[Axes], bool]] = field(default_factory=dict)
     artifacts: bool = False  # measurement writes traces/snapshots: gets artifact_dir and cell_id
     cell_table: bool = True  # the report shows the per-cell timing table
     pairs: tuple[Pair, ...] = ()  # comparisons timed inside the base cell (its measure takes ``partners``)
@@ -200,27 +203,41 @@ def cell_settings(name: str, axes: Axes, config: Mapping[str, Any], artifact_dir
 
 
 def cell_modules(name: str, axes: Axes) -> list[str]:
-    """The ``cs336sys`` modules a cell's measuring process runs: the runner's and the measurement's imports."""
-    return list(_modules(name, _unused(name, axes)))
+    """The ``cs336sys`` modules a cell's measuring process runs: the runner's and the measurement's imports,
+    and the modules of the attention implementations the cell selects."""
+    return list(_modules(name, _unused(name, axes), _selected(name, axes)))
 
 
 def cell_code_hash(name: str, axes: Axes) -> str:
-    return _code_hash(name, _unused(name, axes))
+    return _code_hash(name, _unused(name, axes), _selected(name, axes))
 
 
 def _unused(name: str, axes: Axes) -> tuple[str, ...]:
     return tuple(sorted(module for module, used in study(name).optional_modules.items() if not used(axes)))
 
 
+def _selected(name: str, axes: Axes) -> tuple[str, ...]:
+    """The catalog modules of the cell's ``impl`` and of an ``impl`` partner it times (:class:`Pair`).
+
+    Dispatch imports them by name (``models.attention.resolve``), out of the import graph's sight:
+    a Triton kernel's module is hashed into the cells that select it and no other.
+    """
+    s = study(name)
+    if "impl" not in s.axes:
+        return ()
+    chosen = {axes["impl"]} | {p.other for p in s.pairs if p.axis == "impl" and axes["impl"] == format_value(p.base)}
+    return tuple(sorted({catalog.lookup(impl).module for impl in chosen if impl in catalog.names(name)}))
+
+
 @functools.cache  # a study's cells share a few module sets: one parse of the workflow hashes each once
-def _modules(name: str, unused: tuple[str, ...]) -> tuple[str, ...]:
+def _modules(name: str, unused: tuple[str, ...], selected: tuple[str, ...]) -> tuple[str, ...]:
     from cs336sys.pipeline.provenance import RUNNER, module_closure
 
-    return tuple(module_closure([RUNNER, study(name).measure.partition(":")[0]], exclude=unused))
+    return tuple(module_closure([RUNNER, study(name).measure.partition(":")[0], *selected], exclude=unused))
 
 
 @functools.cache
-def _code_hash(name: str, unused: tuple[str, ...]) -> str:
+def _code_hash(name: str, unused: tuple[str, ...], selected: tuple[str, ...]) -> str:
     from cs336sys.pipeline.provenance import modules_hash
 
-    return modules_hash(_modules(name, unused))
+    return modules_hash(_modules(name, unused, selected))

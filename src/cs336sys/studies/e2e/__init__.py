@@ -12,7 +12,6 @@ STUDY = Study(
     question="How long do a forward and a training step of each model size take, by context, precision and attention? (§1.1.3, §1.1.5)",
     axes=("size", "context_length", "precision", "impl", "compile", "cuda_graphs"),
     config_keys=("extra_sizes",),
-    optional_modules={"cs336sys.models.triton_attention": lambda axes: axes["impl"] == "triton"},
     # The handout's ratios, each timed in one process as interleaved blocks (measure.timing.time_arms);
     # in eager-launch cells: a graph cell's steps are GPU-bound, and its own intervals are tight.
     pairs=(

@@ -3,7 +3,8 @@
 from collections.abc import Mapping
 from typing import Any
 
-from cs336sys.models.variants import TUTORIAL_HEAD_DIMS, TUTORIAL_PRECISIONS, TUTORIAL_SEQ_MULTIPLE, tutorial_unsupported
+from cs336sys import catalog
+from cs336sys.models.variants import TUTORIAL_HEAD_DIMS, TUTORIAL_PRECISIONS, TUTORIAL_SEQ_MULTIPLE
 from cs336sys.studies import Axes, Study
 
 
@@ -17,8 +18,10 @@ def _leaderboard(section: Mapping[str, Any]) -> list[Axes]:
 
 
 def _valid(axes: Axes) -> bool:
-    """Triton's tutorial kernel handles only some shapes and dtypes (``variants.tutorial_unsupported``)."""
-    return axes["impl"] != "tutorial" or not tutorial_unsupported(axes["seq_len"], axes["head_dim"], axes["precision"])
+    """Some implementations handle only some shapes and dtypes (their catalog line's ``unsupported``: Triton's tutorial kernel)."""
+    if axes["impl"] not in catalog.names("flash"):
+        return True  # the schema refuses the name, with the allowed ones
+    return not catalog.lookup(axes["impl"]).why_unsupported(axes["seq_len"], axes["head_dim"], axes["precision"])
 
 
 def _attention_shape(row: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -39,9 +42,5 @@ STUDY = Study(
     ),
     extra_cells=_leaderboard,
     cell_keys=("leaderboard",),
-    optional_modules={
-        "cs336sys.models.triton_attention": lambda axes: axes["impl"] in ("triton", "triton-atomic"),
-        "cs336sys.models.triton_tutorial_attention": lambda axes: axes["impl"] == "tutorial",
-    },
     attention_shape=_attention_shape,
 )

@@ -11,47 +11,29 @@ with the reason.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
 from typing import Any
 
 import torch
 
+from cs336sys import catalog
 from cs336sys.measure import memory
 from cs336sys.measure.flops import attention_phase_flops
 from cs336sys.measure.timing import bench_stats
-from cs336sys.models.attention import get_attention
+from cs336sys.models.attention import resolve
 from cs336sys.models.dtypes import set_matmul_precision
-from cs336sys.models.variants import FLASH_IMPLS, tutorial_unsupported
 from cs336sys.pipeline.rows import Skip
-from cs336sys.studies.attention.measure import core, qkv, require_device
+from cs336sys.studies.attention.measure import qkv, require_device
 
 
 def _flash_fn(impl: str, device: torch.device) -> tuple[Callable, Callable[[], Any]]:
-    """(attention fn, context factory) for a flash-study implementation name."""
-    if impl.startswith("sdpa-"):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = {
-            "sdpa-flash": SDPBackend.FLASH_ATTENTION,
-            "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
-            "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
-        }[impl]
-        return get_attention("sdpa", "softmax"), lambda: sdpa_kernel(backend)
-    if impl not in FLASH_IMPLS:
-        raise ValueError(f"unknown flash implementation {impl!r}; known: {', '.join(FLASH_IMPLS)}")
-    if impl == "triton-atomic":
-        require_device(impl, device)
-        from cs336sys.models.triton_attention import flash_attention
-
-        return functools.partial(flash_attention, atomic_dq=True), nullcontext
-    if impl == "tutorial":
-        require_device(impl, device)
-        from cs336sys.models.triton_tutorial_attention import tutorial_attention  # only its cells hash it
-
-        return tutorial_attention, nullcontext
-    return core(impl, "softmax", device), nullcontext
+    """(attention fn, context factory) for a flash-study implementation name: its catalog line."""
+    catalog.lookup(impl, "flash")  # an unknown name fails here, naming the known ones, before the device is asked
+    require_device(impl, device)
+    found = resolve(impl, "softmax", study="flash")
+    if found is None:  # the catalog refuses such a line; a guard for the type checker's sake
+        raise ValueError(f"flash implementation {impl!r} has no softmax entry in the catalog")
+    return found
 
 
 def measure(
@@ -68,8 +50,9 @@ def measure(
     rep_ms: float = 100,
     seed: int = 0,
 ) -> Iterator[dict[str, Any]]:
-    if impl == "tutorial" and (why := tutorial_unsupported(seq_len, head_dim, precision)):
-        raise Skip(f"unsupported by the Triton tutorial kernel: {why}")
+    line = catalog.lookup(impl, "flash")
+    if why := line.why_unsupported(seq_len, head_dim, precision):
+        raise Skip(f"unsupported by {line.about}: {why}")
     fn, kernel_ctx = _flash_fn(impl, device)
     set_matmul_precision(precision)
     q, k, v = qkv((batch_size, num_heads, seq_len, head_dim), precision, device, seed)

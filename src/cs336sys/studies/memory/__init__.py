@@ -7,7 +7,6 @@ STUDY = Study(
     question="How much memory do a forward and a training step of the 2.7B model take, and what takes it? (§1.1.6)",
     axes=("size", "context_length", "precision", "impl", "mode"),
     config_keys=("extra_sizes",),
-    optional_modules={"cs336sys.models.triton_attention": lambda axes: axes["impl"] == "triton"},
     artifacts=True,
     cell_table=False,
 )

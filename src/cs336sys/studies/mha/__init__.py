@@ -16,9 +16,11 @@ STUDY = Study(
     valid=lambda axes: mha_is_valid(axes["variant"], axes["kernel"]) and axes["embed_dim"] % axes["num_heads"] == 0,
     why_invalid="variant exact-sdpa has no relu kernel (it is softmax only), and embed_dim must be divisible by num_heads",
     canonical=_canonical,
-    # performer cells never run the exact cores: editing models/attention.py leaves them alone
+    # performer cells never run the exact cores: editing models/attention.py leaves them alone (no mha
+    # variant selects a catalog implementation, so no cell hashes our Triton kernels: studies.cell_modules)
+    # and exact cells never run Performer's: editing models/performer.py leaves them alone
     optional_modules={
         "cs336sys.models.attention": lambda axes: axes["variant"] != "performer",
-        "cs336sys.models.triton_attention": lambda axes: False,  # no mha variant runs our kernels
+        "cs336sys.models.performer": lambda axes: axes["variant"] == "performer",
     },
 )

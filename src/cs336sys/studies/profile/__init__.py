@@ -7,6 +7,5 @@ STUDY = Study(
     question="Which kernels take the time of a forward, a backward and an optimizer step? (§1.1.4)",
     axes=("size", "context_length", "precision", "impl"),
     config_keys=("extra_sizes",),
-    optional_modules={"cs336sys.models.triton_attention": lambda axes: axes["impl"] == "triton"},
     artifacts=True,
 )

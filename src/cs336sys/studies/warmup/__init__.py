@@ -7,5 +7,4 @@ STUDY = Study(
     question="What happens to the e2e numbers with 0, 1, 2 or 5 warm-up steps? (§1.1.3(c))",
     axes=("size", "context_length", "precision", "impl", "compile", "warmup_steps"),
     config_keys=("extra_sizes",),
-    optional_modules={"cs336sys.models.triton_attention": lambda axes: axes["impl"] == "triton"},
 )

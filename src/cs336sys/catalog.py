@@ -1,0 +1,150 @@
+"""Ground floor, torch-free: every attention implementation a study can select, declared once.
+
+One :class:`Impl` line per implementation says where its code lives, which
+callable to call for each activation, which studies offer it, whether it needs
+CUDA and which shapes it cannot run. Everything else follows from the line:
+the names ``models.variants`` exports, dispatch (``models.attention.resolve``
+imports ``module`` only when asked, so Triton stays optional), the rerun
+hashes (a cell hashes an implementation's module only when its ``impl`` axis
+selects it: ``studies.cell_modules``) and the answers' split of ours from
+PyTorch's. Importing this module imports nothing heavy.
+
+A later implementation, built in or named by a user, is one more line (or a
+:func:`register` call at run time); a name can be declared once only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+FAMILIES = ("ours", "pytorch", "reference")  # reference: someone else's kernel we compare against
+ACTIVATIONS = ("softmax", "relu")
+LM_STUDIES = ("e2e", "warmup", "profile", "memory")  # attention inside TransformerLM: softmax, causal
+STUDIES = (*LM_STUDIES, "attention", "flash")  # the studies whose `impl` axis names an implementation
+NAME = re.compile(r"[a-z0-9][a-z0-9-]*")  # a name is part of cell ids and result paths
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One attention implementation: ``(q, k, v, is_causal=…) -> o`` on ``(..., L, d)`` tensors."""
+
+    name: str  # the `impl` axis value: config, cell id, CSV column, CLI flag
+    family: str  # one of FAMILIES
+    module: str  # dotted path of the module holding its code (imported at lookup; hashed into its cells)
+    entry: Mapping[str, str]  # activation → attribute of `module` to call; its keys are the activations offered
+    studies: tuple[str, ...]  # the studies whose `impl` axis offers it (of STUDIES)
+    about: str  # how a sentence names it: "unsupported by <about>: …"
+    needs_cuda: bool = False  # a Triton kernel: on CPU only under TRITON_INTERPRET=1
+    options: Mapping[str, Any] = field(default_factory=dict)  # keyword arguments bound to the entry
+    compile: bool = False  # wrap the entry in torch.compile (once per process)
+    backend: str = ""  # force this SDPA backend (a torch.nn.attention.SDPBackend member) around every call
+    unsupported: Callable[..., str] | None = None  # (seq_len, head_dim, precision) → why not; "" where it runs
+
+    def __post_init__(self) -> None:
+        # read-only, so that a registered line cannot change under the cells that hashed it
+        object.__setattr__(self, "entry", MappingProxyType(dict(self.entry)))
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+        object.__setattr__(self, "studies", tuple(self.studies))
+
+    @property
+    def activations(self) -> tuple[str, ...]:
+        return tuple(self.entry)
+
+    def why_unsupported(self, seq_len: int, head_dim: int, precision: str) -> str:
+        """Why this implementation cannot run that shape; '' where it can."""
+        return self.unsupported(seq_len=seq_len, head_dim=head_dim, precision=precision) if self.unsupported else ""
+
+
+# What Triton's fused-attention tutorial kernel handles (flash impl ``tutorial``,
+# models.triton_tutorial_attention), asked by the flash study's valid cells, its measurement and the
+# kernel's entry point. Its forward asserts head_dim in {16, 32, 64, 128, 256} but also static_asserts
+# BLOCK_N <= head_dim with BLOCK_N >= 32, so 16 never compiles (and tl.arange needs a power of two).
+# No tile is masked: the backward asserts seq % 128 == 0, and in the forward the row-statistics
+# stores and the tensor descriptors (over all heads' rows at once) would run into the next head. The
+# kernels are written for 16-bit inputs (fp16; bf16 by our adaptation). 256 is left out: upstream
+# tests and benchmarks only 64 and 128, and the backward's one fixed config (BLOCK_N1 128, 5 stages)
+# would need about twice the registers a thread has for its fp32 dK and dV tiles at d 256.
+TUTORIAL_HEAD_DIMS = (32, 64, 128)
+TUTORIAL_SEQ_MULTIPLE = 128
+TUTORIAL_PRECISIONS = ("bf16",)  # of variants.PRECISIONS: fp32 would run its dots as TF32, not strict fp32
+
+
+def tutorial_unsupported(seq_len: int, head_dim: int, precision: str = "bf16") -> str:
+    """Why the tutorial kernel cannot run (seq_len, head_dim, precision); '' where it can."""
+    why = []
+    if precision not in TUTORIAL_PRECISIONS:
+        why.append(f"precision {precision} (the tutorial kernel takes 16-bit inputs: {', '.join(TUTORIAL_PRECISIONS)} here)")
+    if head_dim not in TUTORIAL_HEAD_DIMS:
+        why.append(f"head_dim {head_dim} (it handles {', '.join(map(str, TUTORIAL_HEAD_DIMS))})")
+    if seq_len <= 0 or seq_len % TUTORIAL_SEQ_MULTIPLE:
+        why.append(f"seq_len {seq_len} (it needs a multiple of {TUTORIAL_SEQ_MULTIPLE}: its tiles are not masked)")
+    return "; ".join(why)
+
+
+_CORES = "cs336sys.models.attention"
+_OURS = "cs336sys.models.triton_attention"
+_TUTORIAL = "cs336sys.models.triton_tutorial_attention"
+_EAGER = {"softmax": "softmax_attention", "relu": "relu_attention"}
+_SDPA = {"softmax": "sdpa_attention"}  # SDPA has no ReLU
+_LM = LM_STUDIES
+
+# One line per implementation; the order is the order error messages list the names in.
+_BUILT_IN = (
+    Impl("eager", "pytorch", _CORES, _EAGER, (*_LM, "attention", "flash"), "eager PyTorch attention"),
+    Impl("compiled", "pytorch", _CORES, _EAGER, ("attention", "flash"), "torch.compile of eager attention", compile=True),
+    Impl("sdpa", "pytorch", _CORES, _SDPA, (*_LM, "attention"), "PyTorch's scaled_dot_product_attention"),
+    Impl("triton", "ours", _OURS, {"softmax": "flash_attention", "relu": "relu_attention_fused"}, (*_LM, "attention", "flash"), "our Triton FlashAttention-2 kernel", needs_cuda=True),
+    Impl("triton-atomic", "ours", _OURS, {"softmax": "flash_attention"}, ("flash",), "our Triton kernel with the atomic-dQ backward", needs_cuda=True, options={"atomic_dq": True}),
+    Impl("tutorial", "reference", _TUTORIAL, {"softmax": "tutorial_attention"}, ("flash",), "the Triton tutorial kernel", needs_cuda=True, unsupported=tutorial_unsupported),
+    Impl("sdpa-flash", "pytorch", _CORES, _SDPA, ("flash",), "SDPA's FlashAttention backend", backend="FLASH_ATTENTION"),
+    Impl("sdpa-cudnn", "pytorch", _CORES, _SDPA, ("flash",), "SDPA's cuDNN backend", backend="CUDNN_ATTENTION"),
+    Impl("sdpa-efficient", "pytorch", _CORES, _SDPA, ("flash",), "SDPA's memory-efficient backend", backend="EFFICIENT_ATTENTION"),
+)  # fmt: skip
+
+_IMPLS: dict[str, Impl] = {}
+
+
+def register(impl: Impl) -> Impl:
+    """Add ``impl`` to the catalog; refuse a name declared already or a line that names unknown things."""
+    if impl.name in _IMPLS:
+        raise ValueError(f"attention implementation {impl.name!r} is declared already (in {_IMPLS[impl.name].module}); pick another name")
+    problems = []
+    if not NAME.fullmatch(impl.name):
+        problems.append(f"name {impl.name!r} (allowed: lower-case letters, digits and '-', pattern {NAME.pattern})")
+    if impl.family not in FAMILIES:
+        problems.append(f"family {impl.family!r} (allowed: {', '.join(FAMILIES)})")
+    if not impl.entry or set(impl.entry) - set(ACTIVATIONS):
+        problems.append(f"entry activations {sorted(impl.entry)} (allowed: one or more of {', '.join(ACTIVATIONS)})")
+    if not impl.studies or set(impl.studies) - set(STUDIES):
+        problems.append(f"studies {list(impl.studies)} (allowed: one or more of {', '.join(STUDIES)})")
+    if "softmax" not in impl.entry and set(impl.studies) & {*LM_STUDIES, "flash"}:
+        problems.append(f"no softmax entry, but studies {list(impl.studies)} run softmax attention")
+    if problems:
+        raise ValueError(f"attention implementation {impl.name!r}: invalid " + "; ".join(problems))
+    _IMPLS[impl.name] = impl
+    return impl
+
+
+for _impl in _BUILT_IN:
+    register(_impl)
+
+
+def impls(study: str | None = None) -> tuple[Impl, ...]:
+    """The implementations ``study`` offers (all of them without one), in declaration order."""
+    return tuple(i for i in _IMPLS.values() if study is None or study in i.studies)
+
+
+def names(study: str | None = None) -> tuple[str, ...]:
+    return tuple(i.name for i in impls(study))
+
+
+def lookup(name: str, study: str | None = None) -> Impl:
+    """The implementation ``name`` (one ``study`` offers, if given); the error names the allowed ones."""
+    allowed = names(study)
+    if name not in allowed:
+        raise ValueError(f"unknown {study or 'attention'} implementation {name!r}; known: {', '.join(allowed)}")
+    return _IMPLS[name]
