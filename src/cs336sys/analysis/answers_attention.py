@@ -12,6 +12,8 @@ from cs336sys import catalog
 from cs336sys.analysis.answers_common import Note, Run, cannot_measure, device, first, links, listing, mib, not_measured, num, section
 from cs336sys.analysis.findings import oom_frontier, paired_ratios, scaling_slopes
 from cs336sys.analysis.markdown import md_table
+from cs336sys.analysis.metrics import peak_tflops
+from cs336sys.analysis.roofline import with_roofline
 from cs336sys.analysis.tables import ok_rows
 from cs336sys.studies.attention.report import GROUPS, PANELS, memory_check
 from cs336sys.studies.e2e.paired import PAIRED, comparison, gpu_notes
@@ -63,7 +65,7 @@ def _attention_qa(run: Run) -> list[str]:
         per_d.append(f"d_model {d}: {', '.join(times)}")
     batch = rows["batch_size"].dropna() if "batch_size" in rows else pd.Series(dtype=float)
     batch = f", batch {int(batch.max())}" if len(batch) else ""
-    a = note.end(f"On {dev}, {_name(ref)}{batch} — {'; '.join(per_d)}.") + links(section("attention"), fig)
+    a = note.end(f"On {dev}, {_name(ref)}{batch} — {'; '.join(per_d)}.{_bandwidth(rows)}") + links(section("attention"), fig)
 
     check = memory_check(df)
     mine = (
@@ -112,6 +114,26 @@ def _attention_qa(run: Run) -> list[str]:
     d_ = (f"Log–log slope in seq_len over the longest lengths that ran (2 is quadratic) — {peak}; forward time: {', '.join(tim)}."
           + links(section("attention"), fig)) if tim else not_measured("`attention.grid.seq_len` with two or more lengths")  # fmt: skip
     return [a, b, c, d_]
+
+
+def _bandwidth(rows: pd.DataFrame) -> str:
+    """How close the longest measured forward and backward run to the GPU's DRAM bandwidth ('' where not measured)."""
+    rows = with_roofline(rows)
+    rows = rows[rows["phase"].isin(["forward", "backward"]) & pd.to_numeric(rows["bw_frac"], errors="coerce").notna()]
+    if rows.empty:
+        return ""
+    top = rows[rows["seq_len"] == rows["seq_len"].max()]
+    top = top[top["d_model"] == top["d_model"].max()].sort_values("phase", key=lambda s: s != "forward")
+    first_row = top.iloc[0]
+    parts = [f"the {r.phase} moves {num(r.bytes_moved / 1e9, 3)} GB at {num(r.achieved_gbps, 3)} GB/s ({100 * r.bw_frac:.0f}%"
+             + (f" of the {num(r.peak_gbps)} GB/s DRAM peak)" if i == 0 else ")") for i, r in enumerate(top.itertuples())]  # fmt: skip
+    text = f" At seq_len {first_row['seq_len']} (d_model {first_row['d_model']}), bytes counted per op, {', '.join(parts)}"
+    peak = peak_tflops(str(first_row["device_name"]), str(first_row["precision"]))
+    if set(top["bound"].dropna()) == {"memory"} and peak:
+        ridge = peak * 1e3 / float(first_row["peak_gbps"])
+        at = " and ".join(f"{r.arith_intensity:.2g}" for r in top.itertuples())
+        text += f": memory-bound, at {at} FLOP/byte against the roofline's ridge at {ridge:.3g} ({first_row['precision']})"
+    return text + "."
 
 
 def answers_121(run: Run) -> QA:

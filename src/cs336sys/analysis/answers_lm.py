@@ -7,6 +7,7 @@ import math
 import pandas as pd
 
 from cs336sys.analysis.answers_common import Note, Run, device, first, links, listing, not_measured, num, pct, section, size_order, times
+from cs336sys.analysis.energy import power_capped
 from cs336sys.analysis.findings import stopped_on_budget
 from cs336sys.analysis.markdown import is_empty, md_table
 from cs336sys.analysis.tables import ok_rows
@@ -119,7 +120,7 @@ def timing_per_size(run: Run) -> str:
     if wide:
         said = [f"{listing(rows)} ({why})" for why, rows in wide.items()]
         text += f" Wide eager intervals: {'; '.join(said)}" + (" — the GPU time is the same work without the host." if source else ".")
-    text += _backward_forward_ratios(run, key, note, gpu, part)
+    text += _backward_forward_ratios(run, key, note, gpu, part) + _power_capped(run)
     ctx, precision, impl = key
     return note.end(text) + links(section("e2e"), run.figure("e2e", f"times_impl-{impl}"))
 
@@ -141,6 +142,19 @@ def _backward_forward_ratios(run: Run, key: tuple, note: Note, gpu: pd.DataFrame
     if shown:
         text += ("; eager wall time: " if text else " Backward time / forward time: ") + listing(shown)
     return text + "." if text else ""
+
+
+def _power_capped(run: Run) -> str:
+    """ " The 2.7B bf16 training step (…) is power-capped: 683 W, 312 J per step [300, 325]." where NVML said so at the end of timing."""
+    steps = timed(run.rows("e2e"), phase="step")
+    if "size" in steps:
+        order = size_order(run, steps["size"])
+        steps = steps.sort_values("size", key=lambda s: s.map(order.index), kind="stable")
+    said = power_capped(steps)
+    if not said:
+        return ""
+    text = "; ".join(said[:4]) + (f"; and {len(said) - 4} more step rows" if len(said) > 4 else "")
+    return f" {text[0].upper()}{text[1:]}."
 
 
 STOP_WORDS = {

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from cs336sys.analysis import compare_plot
+from cs336sys.analysis import compare_machines, compare_plot
 from cs336sys.analysis.compare_machines import HOST_DEPENDENT, Machines, evidence, machines_of, machines_text, row_gpus
 from cs336sys.analysis.compare_plot import cell_text, cells_md, md
 from cs336sys.analysis.compare_setup import config_diff, environment_diff, load_config
@@ -46,7 +46,8 @@ KEYS = ("cell_id", "mode", "phase")
 FAILED = frozenset({"oom", "error", "timeout"})
 VERDICTS = ("faster", "slower", HOST_DEPENDENT, "same", "n/a")
 COLUMNS = ["cell_id", "mode", "phase", "status_a", "status_b", "median_a_ms", "median_b_ms", "ratio", "ratio_low",
-           "ratio_high", "verdict", "status_change", "only_in", "flags", "figure", "host_ratio", "gpu_ratio", "note"]  # fmt: skip
+           "ratio_high", "verdict", "status_change", "only_in", "flags", "figure", "host_ratio", "gpu_ratio", "note",
+           *compare_machines.ENERGY_COLUMNS]  # fmt: skip
 
 
 @dataclass
@@ -102,6 +103,7 @@ def _prepare(df: pd.DataFrame) -> pd.DataFrame:
         "gpu_busy_frac",
         *(GPU_TIME_PREFIX + c for c in ("median_ms", "ci_low_ms", "ci_high_ms")),
         HOST_PROBE,
+        *("energy_j", "energy_ci_low_j", "energy_ci_high_j"),
     ):
         out[col] = pd.to_numeric(df[col], errors="coerce") if col in df.columns else np.nan
     out["has_ci"] = "ci_low_ms" in df.columns and "ci_high_ms" in df.columns
@@ -205,7 +207,7 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame, machines: Machines | None = 
         "cell_id": m["cell_id"], "mode": m["mode"], "phase": m["phase"], "status_a": m["status_a"],
         "status_b": m["status_b"], "median_a_ms": m["median_ms_a"], "median_b_ms": m["median_ms_b"], "ratio": ratio,
         "ratio_low": r_low, "ratio_high": r_high, "verdict": verdict, "status_change": change, "only_in": only_in,
-        "flags": flags, "figure": figure, "host_ratio": host_ratio, "gpu_ratio": gpu_ratio, "note": note})  # fmt: skip
+        "flags": flags, "figure": figure, "host_ratio": host_ratio, "gpu_ratio": gpu_ratio, "note": note, **compare_machines.energy_ratios(m)})  # fmt: skip
     return out[COLUMNS]
 
 
@@ -252,6 +254,9 @@ def _study_section(study: str, t: pd.DataFrame, figure: str | None) -> list[str]
     if len(na):
         reasons = na["note"].value_counts()
         lines += ["### Not judged (n/a)", ""] + [f"- {n} × {why}" for why, n in reasons.items()] + [""]
+    joules = compare_machines.energy_table(both)
+    if len(joules):
+        lines += ["### Energy per step (b / a)", "", compare_machines.ENERGY_TEXT, "", md(joules), ""]
     one = t[t["only_in"] != ""]
     lines += [
         "### Cells in one run only",

@@ -23,6 +23,7 @@ from cs336sys.analysis import between_devices
 from cs336sys.analysis.between_devices import MIN_GPU_BUSY, different_devices, row_class, widen
 from cs336sys.analysis.passes import HOST_PROBE
 from cs336sys.analysis.repeatability import EAGER
+from cs336sys.measure.stats import Interval, fmt_interval
 from cs336sys.pipeline.columns import GPU_TIME_PREFIX
 
 HOST_DEPENDENT = "host-dependent"
@@ -149,3 +150,39 @@ def machines_text(machines: Machines, runs: tuple[Mapping[str, pd.DataFrame], ..
         f"whose own intervals do not overlap are `{HOST_DEPENDENT}`, not slower or faster. {host}",
         "",
     ]
+
+
+ENERGY_COLUMNS = ["energy_a_j", "energy_a_low_j", "energy_a_high_j", "energy_b_j", "energy_b_low_j", "energy_b_high_j",
+                  "energy_ratio", "energy_ratio_low", "energy_ratio_high"]  # fmt: skip
+ENERGY_TEXT = (
+    "The GPU's joules per step in each run (NVML's energy counter over the timed blocks, whole-step rows; "
+    "`measure/energy.py`) and their ratio b/a with the interval [b.low / a.high, b.high / a.low], as measured: "
+    "on two kinds of GPU the difference is the point, so no between-device figure widens it."
+)
+
+
+def energy_ratios(m: pd.DataFrame) -> dict[str, pd.Series]:
+    """Per row of a merged comparison (``_a``/``_b`` columns): each run's J per step [95%] and the ratio b/a with its
+    interval by interval arithmetic; nan where either run has no energy or no interval."""
+
+    def col(name: str) -> pd.Series:
+        return pd.to_numeric(m[name], errors="coerce") if name in m else pd.Series(np.nan, index=m.index, dtype=float)
+
+    (a, a_low, a_high), (b, b_low, b_high) = ([col(f"{c}_{s}") for c in ("energy_j", "energy_ci_low_j", "energy_ci_high_j")] for s in "ab")
+    ratio = (b / a.where(a > 0), b_low / a_high.where(a_high > 0), b_high / a_low.where(a_low > 0))
+    return dict(zip(ENERGY_COLUMNS, (a, a_low, a_high, b, b_low, b_high, *ratio)))
+
+
+def energy_table(t: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a comparison table with energy in both runs: J per step of a and of b [95%], ratio b/a [95%]."""
+    if "energy_ratio" not in t:
+        return pd.DataFrame()
+    rows = t[pd.to_numeric(t["energy_ratio"], errors="coerce").notna()]
+
+    def iv(names: list[str]) -> list[str]:
+        return [fmt_interval(Interval(*(float(x) for x in v), 0, 1), 3) for v in zip(*(rows[n] for n in names))]
+
+    out = {k: rows[k] for k in ("cell_id", "mode", "phase")}
+    out |= {f"J/step {s} [95%]": iv([f"energy_{s}_j", f"energy_{s}_low_j", f"energy_{s}_high_j"]) for s in "ab"}
+    out["ratio b/a [95%]"] = iv(["energy_ratio", "energy_ratio_low", "energy_ratio_high"])
+    return pd.DataFrame(out)

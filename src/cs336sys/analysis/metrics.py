@@ -10,7 +10,8 @@ H100 PCIe: 51.2 / 378 / 756; H100 NVL: 60 / 417.5 / 835; A100: 19.5 / 156 / 312.
 ``fp32`` means strict FP32 (TF32 off); ``tf32`` FP32 storage with TF32 matmuls.
 A device not in the table gets no MFU (empty, with the reason), never a guess.
 A config's ``peak_tflops`` mapping (device-name substring → precision → TFLOP/s)
-overrides or extends the table.
+overrides or extends the table. Peak DRAM bandwidth (``PEAK_GBPS``) sits beside it, for
+the bytes-moved and roofline columns (:mod:`cs336sys.analysis.roofline`).
 
 FLOPs are the one raw column that is counted again here: rows of an attention core
 (``Study.attention_shape``: studies ``attention`` and ``flash``) get theirs from their
@@ -21,11 +22,14 @@ is merged again; its times do not change.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
+from cs336sys.analysis.energy import add_energy
+from cs336sys.analysis.roofline import add_roofline
 from cs336sys.measure.flops import attention_row_flops
 from cs336sys.measure.gpu_state import throttled  # NVML's reasons decoded once; torch-free
 from cs336sys.studies import STUDIES
@@ -46,6 +50,38 @@ def peak_tflops(device_name: str, precision: str, overrides: Mapping[str, Mappin
         for pattern, peaks in table.items():
             if pattern in str(device_name) and precision in peaks:
                 return float(peaks[precision])
+    return None
+
+
+# Peak DRAM (HBM, GDDR) bandwidth in GB/s (10⁹ bytes/s), from NVIDIA's datasheets: H100 SXM5 3350,
+# H100 PCIe 2000, H100 NVL 3900 (H100 Tensor Core GPU datasheet); H200 SXM and NVL 4800 (H200
+# datasheet); A100 80GB SXM 2039, 80GB PCIe 1935, 40GB 1555 (A100 datasheet); A10G 600 (A10: 600);
+# L4 300; T4 320; V100 SXM2 and PCIe 900 (V100 datasheet); GeForce RTX 4090 1008 (its spec page).
+# Matched as whole words of torch.cuda.get_device_name(), longest key first: "NVIDIA H100 PCIe" is
+# the PCIe card, "NVIDIA H100 80GB HBM3" the SXM one, and "GH200" or "V100S" match nothing (not a guess).
+PEAK_GBPS: dict[str, float] = {
+    "H100 PCIe": 2000.0,
+    "H100 NVL": 3900.0,
+    "H100": 3350.0,
+    "H200": 4800.0,
+    "A100-SXM4-80GB": 2039.0,
+    "A100 80GB PCIe": 1935.0,
+    "A100-SXM4-40GB": 1555.0,
+    "A100-PCIE-40GB": 1555.0,
+    "A10G": 600.0,
+    "L4": 300.0,
+    "T4": 320.0,
+    "V100": 900.0,
+    "RTX 4090": 1008.0,
+}
+
+
+def peak_gbps(device_name: str, overrides: Mapping[str, float] | None = None) -> float | None:
+    """Peak DRAM bandwidth (GB/s) of ``device_name``, or ``None`` if unknown; ``overrides`` (name → GB/s) first."""
+    for table in (overrides or {}, PEAK_GBPS):
+        for pattern in sorted(table, key=len, reverse=True):
+            if re.search(rf"(?<![A-Za-z0-9]){re.escape(pattern)}(?![A-Za-z0-9])", str(device_name)):
+                return float(table[pattern])
     return None
 
 
@@ -106,7 +142,7 @@ def recount_flops(df: pd.DataFrame) -> pd.DataFrame:
 def add_derived(
     df: pd.DataFrame, overrides: Mapping[str, Mapping[str, float]] | None = None, flags: Mapping[str, float] | None = None
 ) -> pd.DataFrame:
-    """Add ``tflops``, ``mfu_pct`` (+ ``mfu_note``), ``tokens_per_s`` and the trust flags where the inputs exist.
+    """Add ``tflops``, ``mfu_pct`` (+ ``mfu_note``), ``tokens_per_s``, the trust flags, energy and roofline columns where the inputs exist.
 
     An attention core's ``flops`` are counted again first (:func:`recount_flops`).
     """
@@ -127,4 +163,6 @@ def add_derived(
             ]
     if "tokens" in out:
         out["tokens_per_s"] = pd.to_numeric(out["tokens"], errors="coerce") / median_s
+    out = add_energy(out)  # tokens per joule (analysis.energy)
+    out = add_roofline(out, overrides)  # bytes moved, bandwidth and the roofline (analysis.roofline)
     return out

@@ -18,6 +18,10 @@ that, passes can. This module folds the passes of a cell into one row:
   their own intervals were ±0.05%; an interval narrower than what a rerun
   shows would make every rerun a finding.
 
+The energy of a step (``energy_j``, measure.energy) folds like its time: the per-block J/step of
+every pass pooled, their median and the interval over blocks, widened to the same floor (a rerun
+moves energy at least as much as time: power follows the clocks and the temperature).
+
 The state columns keep the worst case: the lowest end-of-timing SM clock and
 every throttle reason seen, so ``throttled`` and ``below_clocks`` flag a cell
 if any pass ran so; ``gpu_busy_frac`` is the lowest of the passes.
@@ -33,7 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from cs336sys.measure.stats import log_t_interval, median_ci_order, paired_ratio, t_quantile_975, trial_ci
+from cs336sys.measure.stats import log_t_interval, median_ci_order, paired_ratio, summarize_trials, t_quantile_975, trial_ci
 from cs336sys.pipeline.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND, timed_kind
 
 PASS = "pass_index"
@@ -136,7 +140,7 @@ def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, in
     low, high = widen(median, low, high, floor_rel)
     row.update(median_ms=median, ci_low_ms=max(low, 0.0), ci_high_ms=high, passes=len(group))
     row["pass_medians_ms"] = ";".join(f"{m:.4f}" for m in pass_medians)
-    row.update(host_speed(group))
+    row.update(host_speed(group), **combine_energy(group, floor_rel))
     if len(group) == 1:
         return row
     n = pd.to_numeric(group.get("n", pd.Series([1] * len(group))), errors="coerce").fillna(1)
@@ -173,6 +177,29 @@ def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, in
         if col in group:
             row[f"pass_{col}"] = ";".join("" if pd.isna(v) else str(v) for v in group[col])
     return row
+
+
+def combine_energy(group: pd.DataFrame, floor_rel: float) -> dict:
+    """The energy columns of one (cell, mode, phase) from its passes (module doc); {} where none were recorded.
+
+    Where a pass kept no per-block samples (blocks under 0.5 s: a total without interval), the
+    median of the passes' J/step, without an interval. ``avg_power_w``: the passes' mean."""
+    if "energy_j" not in group:
+        return {}
+    text = {c: ";".join(dict.fromkeys(str(v) for v in group[c].dropna() if str(v))) for c in ("energy_source", "energy_note") if c in group}
+    have = group[pd.to_numeric(group["energy_j"], errors="coerce").notna()]
+    if have.empty:
+        return text
+    per_pass = [_floats(v) for v in have.get("energy_samples_j", pd.Series([""] * len(have)))]
+    out = {"avg_power_w": float(pd.to_numeric(have.get("avg_power_w", pd.Series(dtype=float)), errors="coerce").mean()), **text}
+    if not all(per_pass):
+        median = float(pd.to_numeric(have["energy_j"]).median())
+        return out | {"energy_j": median, "energy_ci_low_j": math.nan, "energy_ci_high_j": math.nan, "energy_samples_j": ""}
+    pooled = [x for s in per_pass for x in s]
+    iv = summarize_trials([[x] for x in pooled])  # each block one draw, as within a pass
+    low, high = widen(iv.median, iv.low, iv.high, floor_rel)
+    return out | {"energy_j": iv.median, "energy_ci_low_j": max(low, 0.0) if math.isfinite(low) else math.nan, "energy_ci_high_j": high,
+                  "energy_samples_j": ";".join(f"{x:.6g}" for x in pooled)}  # fmt: skip
 
 
 HOST_PROBE = "host_launch_us"

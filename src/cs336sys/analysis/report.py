@@ -34,7 +34,10 @@ interval (the host's drift over the sweep; pooled over GPU-bound cells), at leas
 says "no significant difference". Training-step phases are timed with CUDA events inside the same
 step; whole steps by the wall clock between two synchronisations. `host_bound`: the GPU was busy
 for less than the configured share of a step (torch.profiler over a few extra steps), so the time
-measures Python and the CPU as much as the GPU.
+measures Python and the CPU as much as the GPU. Energy is the GPU's, from NVML's energy counter
+over each timed block of at least 0.5 s (the counter moves every 100 ms), on the whole-step row:
+J per step with its interval as for times, average watts (joules / seconds of those blocks) and
+tokens per joule (batch × context / J); `energy_note` says why a value is empty.
 Memory is `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats` (live tensors,
 not the allocator's reserve); "before backward" is `memory_allocated` between forward and backward.
 FLOPs are analytic matmul FLOPs (2·m·n·k each); causal attention is counted at half. A model's
@@ -45,6 +48,16 @@ fused-attention tutorial count (2× for dQ, dK, dV plus 0.5× for the recomputed
 TFLOP/s compare with published figures. TFLOP/s uses the median time; MFU
 divides by the dense peak of the GPU at that precision (`cs336sys.analysis.metrics.PEAK_TFLOPS`, overridable
 by the config's `peak_tflops`), and is empty when the device is not in the table.
+Bytes moved (`bytes_moved`, `cs336sys.measure.bytes_moved`) are analytic too, for the rows whose
+traffic can be counted: an attention core's phases (eager: every op reads its inputs and writes its
+output once, the L×L scores and probabilities included, within 7% of Nsight Compute's DRAM counters;
+compiled: S and P written and read once; fused kernels: Q, K, V, O and the log-sum-exp once, a lower
+bound) and the AdamW step (80 bytes a parameter for the course's, 28 for PyTorch's fused one);
+`bytes_note` says why a row has none. `achieved_gbps` = bytes / median time; `bw_frac` = achieved
+/ the GPU's peak DRAM bandwidth (`peak_gbps`, from `cs336sys.analysis.metrics.PEAK_GBPS`);
+`arith_intensity` = FLOPs / bytes; `roof_tflops` = min(peak TFLOP/s, intensity × peak bandwidth),
+the roofline's ceiling at that intensity, and `bound` says which roof is the lower one (`memory` or
+`compute`); `roofline_note` says why a value is empty.
 Precisions: `fp32` = strict fp32 (TF32 off), `tf32` = fp32 with TF32 matmuls, `bf16` = bf16
 autocast of forward and loss with fp32 parameters (attention studies cast inputs to bf16).
 

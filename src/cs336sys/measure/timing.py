@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from cs336sys.measure import energy
 from cs336sys.measure.stats import summarize_trials
 from cs336sys.models.annotate import annotate
 
@@ -125,6 +126,7 @@ class Stats:
     ci_high_ms: float
     trial_medians_ms: list[float]
     samples_ms: list[float] = field(repr=False)
+    energy: dict[str, object] = field(default_factory=dict, repr=False)  # energy columns, where the row's source sets them
 
     def as_row(self) -> dict[str, object]:
         return {
@@ -140,6 +142,7 @@ class Stats:
             "trial_medians_ms": ";".join(f"{m:.4f}" for m in self.trial_medians_ms),
             # do_bench gives thousands of calls: keep the samples where a CSV in git can hold them
             "samples_ms": ";".join(f"{s:.4f}" for s in self.samples_ms) if self.n <= MAX_STORED_SAMPLES else "",
+            **self.energy,
         }
 
 
@@ -230,11 +233,19 @@ def merge_timings(first: Timing, later: Timing) -> Timing:
                   stop_reason=later.stop_reason, blocks=blocks)  # fmt: skip
 
 
+class Block(defaultdict):
+    """One timed block's step times per phase (ms), and the GPU's energy over the whole block (None: not metered)."""
+
+    energy: energy.Reading | None = None
+
+
 def timed_block(step: Callable[[StepClock], None], steps: int, min_measure_s: float, device: torch.device,
-           clock: Callable[[], float], sync: Callable[[torch.device], None]) -> dict[str, list[float]]:  # fmt: skip
-    """One timed block: ``steps`` steps (and more until ``min_measure_s``), each between two synchronisations."""
-    block: dict[str, list[float]] = defaultdict(list)
+           clock: Callable[[], float], sync: Callable[[torch.device], None], meter: energy.Meter | None = None) -> Block:  # fmt: skip
+    """One timed block: ``steps`` steps (and more until ``min_measure_s``), each between two synchronisations;
+    ``meter`` reads its energy outside every step (none: interleaved blocks, the counter mixes their neighbours in)."""
+    block, meter = Block(list), meter or energy.Meter(energy.NOT_METERED)
     started = clock()
+    meter.begin()
     while len(block[STEP]) < steps or clock() - started < min_measure_s:
         step_clock = StepClock(device, clock)
         sync(device)
@@ -242,8 +253,11 @@ def timed_block(step: Callable[[StepClock], None], steps: int, min_measure_s: fl
         step(step_clock)
         sync(device)
         block[STEP].append((clock() - start) * 1e3)
+        meter.mark()  # after the step's closing synchronisation: locates the energy counter's updates (measure.energy)
         for name, ms in step_clock.phase_ms().items():
             block[name].append(ms)
+    joules, note = meter.end()
+    block.energy = energy.Reading(joules, clock() - started, len(block[STEP]), meter.source if joules is not None else "", note)
     return block
 
 
@@ -304,6 +318,7 @@ def time_steps(
         raise ValueError("steps and trials must be at least 1")
     samples: list[dict[str, list[float]]] = []
     warmup_s, timed_s, warmup_run, recorded, first_step_s = 0.0, 0.0, 0, {}, None
+    meter = energy.meter_for(device.type)  # a block follows warm-up steps of its own step: what the counter's lag mixes in is alike
     stop = "fixed"
     while True:
         t0 = clock()
@@ -314,7 +329,7 @@ def time_steps(
         if not samples and state is not None:
             recorded.update({f"start_{k}": v for k, v in state().items()})
         started = clock()
-        samples.append(timed_block(step, steps, min_measure_s, device, clock, sync))
+        samples.append(timed_block(step, steps, min_measure_s, device, clock, sync, meter))
         timed_s += clock() - started
         if len(samples) < trials:
             continue
@@ -370,12 +385,16 @@ def bench_stats(
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
         per_trial.append(times)
-    return summarize(per_trial)
+    stats = summarize(per_trial)
+    stats.energy = energy.empty(energy.DO_BENCH)
+    return stats
 
 
 def timing_rows(timing: Timing, flops: Mapping[str, float | None], extra: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    """One row per timed phase: its statistics, its FLOPs, the warm-up, the state and ``extra`` columns."""
+    """One row per timed phase: its statistics, energy (the whole step's row: it covers every phase), FLOPs, warm-up, state, ``extra``."""
+    step_energy = energy.energy_stats([getattr(b, "energy", None) for b in timing.blocks])
     for phase, stats in timing.phases.items():
-        yield {"phase": phase, **stats.as_row(), "flops": flops.get(phase), "warmup_s": timing.warmup_s,
+        joules = step_energy if phase == STEP else energy.empty(energy.STEP_ONLY)
+        yield {"phase": phase, **stats.as_row(), **joules, "flops": flops.get(phase), "warmup_s": timing.warmup_s,
                "timed_s": timing.timed_s, "warmup_steps_run": timing.warmup_steps_run, "first_step_s": timing.first_step_s,
                "stop_reason": timing.stop_reason, **timing.state, **extra}  # fmt: skip

@@ -15,6 +15,8 @@ TIMING_COLUMNS = [
     "median_ms", "ci_low_ms", "ci_high_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "n", "trials",
     "trial_medians_ms", "samples_ms", "flops", "warmup_s", "timed_s", "warmup_steps_run", "first_step_s", "kind",
     "stop_reason",
+    # the GPU's energy per step over the timed blocks (measure.energy): on the whole-step row, empty with the reason elsewhere
+    "energy_j", "energy_ci_low_j", "energy_ci_high_j", "avg_power_w", "energy_samples_j", "energy_source", "energy_note",
 ]  # fmt: skip
 PASS_COLUMNS = ["passes", "pass_medians_ms"]
 # A paired comparison's row (studies' ``Study.pairs``, measure.interleave) is this ``kind``.

@@ -7,6 +7,7 @@ import pandas as pd
 from cs336sys.analysis.findings import MIB, oom_frontier, scaling_slopes
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.plots import plot_scaling
+from cs336sys.analysis.roofline import has_points, roofline_plot, roofline_summary
 from cs336sys.analysis.tables import ok_rows
 
 PANELS = [("train", "forward", "median_ms"), ("train", "backward", "median_ms"), ("train", "step", "peak_mem_bytes")]
@@ -39,6 +40,8 @@ def figures(df: pd.DataFrame, run: str) -> list:
             part = df[(df["causal"] == causal) & (df["precision"] == prec)]
             jobs.append((f"scaling_causal-{causal}_{prec}", lambda p, part=part, c=causal, pr=prec: plot_scaling(
                 part, p, run, ["d_model", "impl", "activation"], PANELS, f"attention scaling, causal={c}, {pr}")))  # fmt: skip
+    if has_points(df):
+        jobs.append(("roofline", lambda p: roofline_plot(df, p, run, "attention cores")))
     return jobs
 
 
@@ -55,4 +58,5 @@ def findings(df: pd.DataFrame) -> str:
         parts += ["**Memory kept for backward vs one (batch, L, L) matrix** — eager softmax keeps P = softmax(scores), "
                   "eager ReLU keeps relu(scores) (the 1/L factor is folded into the scale), each one L×L matrix per batch "
                   "element in the compute dtype; SDPA and fused kernels keep only O(L) statistics:", md_table(check, ".3g")]  # fmt: skip
+    parts += [p for p in [roofline_summary(df)] if p]
     return "\n\n".join(parts)

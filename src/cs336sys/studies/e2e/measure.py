@@ -7,10 +7,11 @@ of the same computation. Every mode also records the share of its step the GPU
 was busy (``gpu_busy_frac``).
 
 A cell first times its own configuration alone (its peak memory and busy share
-come from this block, before anything else allocates). With partners (the study's
-``Study.pairs``) it then times more, in the same process, as interleaved blocks
-(``measure.interleave.time_arms``): the same step replayed as CUDA graphs (its
-``gpu_*`` columns: what the GPU needs, free of the host's drift) and each partner
+come from this block, before anything else allocates; on a GPU with partners, two blocks of
+at least ``measure.energy.MIN_BLOCK_S``, the only blocks whose energy the counter can tell
+apart). With partners (the study's ``Study.pairs``) it then times more, in the same
+process, as interleaved blocks (``measure.interleave.time_arms``): the same step replayed as
+CUDA graphs (its ``gpu_*`` columns: what the GPU needs, free of the host's drift) and each partner
 configuration (bf16 beside fp32, SDPA beside eager attention…), whose paired ratios
 become ``kind=pair`` rows; the cell's own blocks join its first one. The busy share is
 profiled last, once nothing more is timed in the process (``measure.busy``).
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from cs336sys.measure import memory
+from cs336sys.measure import energy, memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.flops import lm_forward_flops, phase_flops
 from cs336sys.measure.interleave import ArmsTiming, time_arms
@@ -37,6 +38,7 @@ from cs336sys.pipeline.rows import Skip
 from cs336sys.studies import partner_name
 
 OWN, GRAPH = "own", partner_name("cuda_graphs", True)
+ENERGY_BLOCKS = 2  # per pass: the energy interval's samples (about 1 s of steps more per mode)
 NO_GRAPH_ON_CPU = "GPU time needs CUDA graphs (a CUDA device)"
 
 
@@ -104,6 +106,8 @@ def measure(
             # With partners, the interleaved blocks below sample until the target and this first block
             # only needs one block (peak memory); alone, it is the cell's measurement.
             first = {"steps": block_steps, "target_rel": 0.0, "min_measure_s": 0.0} if partners else {"steps": measure_steps}
+            if partners and device.type == "cuda":  # interleaved blocks are not metered: two blocks long enough for the
+                first.update(trials=ENERGY_BLOCKS, min_measure_s=energy.MIN_BLOCK_S)  # energy counter (measure.energy)
             timing = time_steps(own[mode], warmup=warmup_steps, device=device, **first)
             extra = {"peak_mem_bytes": memory.peak_allocated_bytes(device)}
             if mode == "train":

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from cs336sys.analysis.energy import energy_interval, tokens_interval
 from cs336sys.analysis.findings import TIGHT_REL, describe_ratio, intervals, paired_ratios
 from cs336sys.analysis.markdown import is_empty, md_table, size_key, value_key
 from cs336sys.analysis.plots import (
@@ -23,7 +24,7 @@ from cs336sys.analysis.plots import (
     title,
     with_ci,
 )
-from cs336sys.measure.stats import paired_ratio, significant
+from cs336sys.measure.stats import fmt_interval, paired_ratio, significant
 from cs336sys.studies.e2e.paired import LM_KEYS, gpu_frame, gpu_notes, gpu_table, pair_table, timed
 
 CONFIG = ["precision", "impl", "compile", "cuda_graphs"]  # what a user picks for one size and context
@@ -88,6 +89,21 @@ def trust(df: pd.DataFrame) -> pd.DataFrame:
     flagged = steps[steps[cols].fillna(False).astype(bool).any(axis=1)]
     keep = [c for c in LM_KEYS + ["mode", "median_ms", "ci_low_ms", "ci_high_ms", "ci_rel", "gpu_busy_frac", *cols] if c in flagged]
     return flagged[keep]
+
+
+def energy_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per whole-step row with energy: J per step [95% interval], average watts, tokens per joule [95%], where it came from."""
+    steps = timed(df, phase="step")
+    if "energy_j" not in steps:
+        return pd.DataFrame()
+    steps = steps[pd.to_numeric(steps["energy_j"], errors="coerce").notna()]
+    rows = []
+    for _, r in steps.iterrows():
+        note = "" if is_empty(r.get("energy_note")) else str(r.get("energy_note"))
+        rows.append({**{k: r[k] for k in LM_KEYS + ["mode"] if k in r}, "J/step [95%]": fmt_interval(energy_interval(r), 3),
+                     "avg W": r.get("avg_power_w"), "tokens/J [95%]": fmt_interval(tokens_interval(r), 3),
+                     "source": r.get("energy_source", ""), "note": note})  # fmt: skip
+    return pd.DataFrame(rows)
 
 
 def describe_config(row: pd.Series | dict) -> str:
@@ -233,6 +249,17 @@ def findings(df: pd.DataFrame) -> str:
             "as the GPU and moves with host load (the GPU time above is the same work without the host):",
             md_table(flagged, ".3g"),
         ]
+    joules = energy_table(df)
+    if not joules.empty:
+        parts += [
+            "**Energy per step** (the GPU's, from NVML's energy counter over the cell's own timed blocks of at least "
+            "0.5 s, whole steps: every phase; interval over blocks and passes; `avg W` = joules / seconds of those "
+            "blocks; tokens per joule = batch × context / J):",
+            md_table(joules, ".3g"),
+        ]
+    elif "energy_note" in df:
+        why = sorted({str(v) for v in timed(df, phase="step").get("energy_note", pd.Series(dtype=str)).dropna() if str(v)})
+        parts.append(f"Energy per step: empty — {'; '.join(why) or 'not recorded'}.")
     steps = timed(df, mode="train", phase="step")
     if "mfu_pct" in steps and steps["mfu_pct"].notna().any():
         parts += ["**Training-step TFLOP/s and MFU:**", md_table(steps[LM_KEYS + ["tflops", "mfu_pct"]], ".3g")]

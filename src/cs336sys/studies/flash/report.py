@@ -8,6 +8,7 @@ import pandas as pd
 
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.plots import draw_lines, failed_cells, ok_cells, plt, save, title
+from cs336sys.analysis.roofline import has_points, roofline_plot, roofline_summary
 from cs336sys.analysis.tables import ok_rows
 
 PHASES = ["forward", "backward", "forward_backward"]
@@ -31,8 +32,9 @@ def plot_flash(df: pd.DataFrame, path: Path, run: str, precision: str, heads: in
 
 
 def figures(df: pd.DataFrame, run: str) -> list:
-    return [(f"flash_{pr}_heads-{h}", lambda p, pr=pr, h=h: plot_flash(df, p, run, pr, h))
+    jobs = [(f"flash_{pr}_heads-{h}", lambda p, pr=pr, h=h: plot_flash(df, p, run, pr, h))
             for pr in sorted(df["precision"].unique()) for h in sorted(df["num_heads"].unique())]  # fmt: skip
+    return jobs + ([("roofline", lambda p: roofline_plot(df, p, run, "fused attention kernels"))] if has_points(df) else [])
 
 
 def findings(df: pd.DataFrame) -> str:
@@ -42,4 +44,4 @@ def findings(df: pd.DataFrame) -> str:
     ms = ok.pivot_table(index=INDEX, columns="impl", values="median_ms").reset_index()
     tf = ok.pivot_table(index=INDEX, columns="impl", values="tflops").reset_index()
     return "\n\n".join(["**Median ms per implementation** (do_bench; lower is better):", md_table(ms, ".4g"),
-                        "**TFLOP/s** (causal counted at half):", md_table(tf, ".4g")])  # fmt: skip
+                        "**TFLOP/s** (causal counted at half):", md_table(tf, ".4g"), roofline_summary(df)]).strip()  # fmt: skip
