@@ -16,11 +16,11 @@ import torch
 from cs336sys.analysis.energy import add_energy
 from cs336sys.analysis.metrics import add_derived
 from cs336sys.analysis.passes import combine_passes, widen
+from cs336sys.columns import TIMING_COLUMNS
 from cs336sys.measure import energy
 from cs336sys.measure.energy import COUNTER, MIN_BLOCK_S, SAMPLED, NvmlMeter, Reading, counter_joules, energy_stats, trapezoid
 from cs336sys.measure.stats import summarize_trials
 from cs336sys.measure.timing import STEP, StepClock, bench_stats, time_steps, timing_rows
-from cs336sys.pipeline.columns import TIMING_COLUMNS
 from workflow_helpers import DEMO_RUN
 
 CPU = torch.device("cpu")

@@ -314,7 +314,7 @@ def result_tables(frame, study: str) -> str:
     from cs336sys.analysis.findings import describe_ratio, stopped_on_budget
     from cs336sys.analysis.metrics import FLAG_DEFAULTS
     from cs336sys.measure.stats import Interval
-    from cs336sys.pipeline.columns import PAIR_KIND
+    from cs336sys.columns import PAIR_KIND
 
     kind = frame["kind"].astype(str) if "kind" in frame else None
     rows = frame[kind != PAIR_KIND] if kind is not None else frame

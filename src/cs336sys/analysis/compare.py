@@ -40,7 +40,7 @@ from cs336sys.analysis.html import report_page
 from cs336sys.analysis.passes import HOST_PROBE
 from cs336sys.analysis.tables import load_study
 from cs336sys.fileio import atomic_path, write_text_atomic
-from cs336sys.pipeline.columns import GPU_TIME_PREFIX, timed_kind
+from cs336sys.columns import GPU_TIME_PREFIX, timed_kind
 
 KEYS = ("cell_id", "mode", "phase")
 FAILED = frozenset({"oom", "error", "timeout"})

@@ -23,8 +23,8 @@ from cs336sys.analysis import between_devices
 from cs336sys.analysis.between_devices import MIN_GPU_BUSY, different_devices, row_class, widen
 from cs336sys.analysis.passes import HOST_PROBE
 from cs336sys.analysis.repeatability import EAGER
+from cs336sys.columns import GPU_TIME_PREFIX
 from cs336sys.measure.stats import Interval, fmt_interval
-from cs336sys.pipeline.columns import GPU_TIME_PREFIX
 
 HOST_DEPENDENT = "host-dependent"
 

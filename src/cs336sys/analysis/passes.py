@@ -37,8 +37,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from cs336sys.columns import FOLDS, GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND, fold_of, sample_stats, timed_kind, undeclared
 from cs336sys.measure.stats import log_t_interval, median_ci_order, paired_ratio, summarize_trials, t_quantile_975, trial_ci
-from cs336sys.pipeline.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND, timed_kind
 
 PASS = "pass_index"
 KEY = ["cell_id", "mode", "phase"]
@@ -113,8 +113,8 @@ POOLED = frozenset({"gpu-bound", "partly host-bound", "launch-bound", "unknown"}
 MIN_POOL_DF = 3
 
 
-def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, int] | None = None) -> dict:
-    """One row from the ok rows of the same (cell, mode, phase) in one or more passes."""
+def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, int] | None = None, axes: Sequence[str] = ()) -> dict:
+    """One row from the ok rows of the same (cell, mode, phase) in one or more passes; each column by its fold."""
     group = group.sort_values(PASS) if PASS in group else group
     row = group.iloc[0].to_dict()
     per_pass = [_floats(s) for s in group.get("samples_ms", pd.Series([""] * len(group)))]
@@ -152,26 +152,17 @@ def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, in
     else:
         row.update(mean_ms=float(np.average(group["mean_ms"], weights=n)), min_ms=float(group["min_ms"].min()),
                    max_ms=float(group["max_ms"].max()), std_ms=float(group["std_ms"].max()), samples_ms="")  # fmt: skip
-    for col in ("warmup_s", "timed_s"):  # time spent, summed: the sweep-efficiency table adds them up
-        if col in group:
-            row[col] = float(pd.to_numeric(group[col], errors="coerce").sum())
+    if have_steps:
+        row.update(sample_stats(pooled_steps))
     last = group.iloc[-1]
-    for col in group.columns:
-        if col.startswith("end_"):
+    for col in group.columns:  # every other column by its fold (cs336sys.columns); pooled and derived ones are set above
+        fold = fold_of(col, axes)
+        if fold in ("sum", "min", "max"):
+            row[col] = getattr(pd.to_numeric(group[col], errors="coerce"), fold)()
+        elif fold == "last":
             row[col] = last[col]
-        if col.endswith("throttle_reasons"):
+        elif fold == "join":
             row[col] = ";".join(dict.fromkeys(r for v in group[col].dropna() for r in str(v).split(";") if r))
-    if "end_sm_clock_mhz" in group:
-        row["end_sm_clock_mhz"] = pd.to_numeric(group["end_sm_clock_mhz"], errors="coerce").min()
-    if "gpu_busy_frac" in group:
-        row["gpu_busy_frac"] = pd.to_numeric(group["gpu_busy_frac"], errors="coerce").min()
-    if "concurrent_jobs" in group:  # contamination seen in any pass stays visible
-        row["concurrent_jobs"] = pd.to_numeric(group["concurrent_jobs"], errors="coerce").max()
-    for col in ("concurrent_runs", "gpu_lock"):
-        if col in group:
-            row[col] = ";".join(dict.fromkeys(str(v) for v in group[col].dropna() if str(v)))
-    if "finished_at" in group:
-        row["finished_at"] = last["finished_at"]
     # each pass's own span and GPU, for the sweep-efficiency table (with several GPUs, passes of a cell may differ)
     for col in ("started_at", "finished_at", "gpu_index", "gpu_uuid"):
         if col in group:
@@ -308,7 +299,21 @@ def drift_class(busy: object, min_gpu_busy: float) -> str:
     return "gpu-bound" if b >= min_gpu_busy else "partly host-bound" if b >= min_gpu_busy / 2 else "launch-bound"
 
 
-def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0, min_gpu_busy: float = 0.9) -> pd.DataFrame:
+class UndeclaredColumnError(ValueError):
+    """A timed row carries a column that no line of ``cs336sys.columns`` says how to fold."""
+
+
+def check_declared(timed: pd.DataFrame, axes: Sequence[str]) -> None:
+    """Refuse a timed row's column without a fold rule: its passes would silently keep pass 0's value."""
+    names = [c for c in timed.columns if c != "_order" and timed[c].notna().any()]
+    if missing := undeclared(names, axes):
+        raise UndeclaredColumnError(
+            f"column(s) {', '.join(missing)} of the timed rows have no fold rule: add a Column(name, unit, fold) line "
+            f"to cs336sys.columns.COLUMNS (fold one of {', '.join(FOLDS)}) so the merge knows how to combine passes"
+        )
+
+
+def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0, min_gpu_busy: float = 0.9, axes: Sequence[str] = ()) -> pd.DataFrame:
     """Fold a study's rows from several passes into one row per (cell, mode, phase); see the module doc.
 
     Timed ok rows (those with a ``median_ms``) are combined; other ok rows (typed
@@ -328,11 +333,12 @@ def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0, min_gpu_busy: float
     key = [c for c in KEY if c in df]
     parts: list[pd.DataFrame] = []
     if timed.any():
+        check_declared(df[timed], axes)
         groups = [g for _, g in df[timed].fillna({c: "" for c in key}).groupby(key, sort=False, dropna=False)]
         classes = [drift_class(pd.to_numeric(g.get("gpu_busy_frac"), errors="coerce").min() if "gpu_busy_frac" in g else None, min_gpu_busy)
                    for g in groups]  # fmt: skip
         pools = pooled_drift([(c, [float(m) for m in g["median_ms"]]) for c, g in zip(classes, groups) if c in POOLED])
-        rows = [combine_timed(g, floor_rel, pools.get(c)) for c, g in zip(classes, groups)]
+        rows = [combine_timed(g, floor_rel, pools.get(c), axes) for c, g in zip(classes, groups)]
         if GPU_TIME_PREFIX + "median_ms" in df:  # the CUDA-graph replay of the same step: GPU-bound by construction
             gpu = [_unprefixed(g) for g in groups]
             gpu_pool = pooled_drift([("gpu-bound", [float(m) for m in g["median_ms"]]) for g in gpu if len(g)]).get("gpu-bound")

@@ -30,9 +30,9 @@ import pandas as pd
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.metrics import add_flags
 from cs336sys.analysis.tables import OK, load_study
+from cs336sys.columns import GPU_TIME_PREFIX as GPU
+from cs336sys.columns import PAIR_KIND, timed_kind
 from cs336sys.fileio import write_text_atomic
-from cs336sys.pipeline.columns import GPU_TIME_PREFIX as GPU
-from cs336sys.pipeline.columns import PAIR_KIND, timed_kind
 
 KEYS = ["study", "cell_id", "mode", "phase"]
 MOVED = 0.05  # a repeat that differs by more than this share must be flagged in both runs

@@ -14,9 +14,9 @@ from cs336sys.analysis.efficiency import sweep_efficiency, sweep_summary
 from cs336sys.analysis.gpu_use import IDLE_GAP_S, per_gpu_line, per_gpu_table
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.tables import failures, load_study, ok_rows
+from cs336sys.columns import timed_kind
 from cs336sys.fileio import write_text_atomic
 from cs336sys.measure.flops import ATTENTION_BACKWARD_FACTOR, BACKWARD_FACTOR
-from cs336sys.pipeline.columns import timed_kind
 from cs336sys.studies import report_module
 from cs336sys.studies import study as get_study
 

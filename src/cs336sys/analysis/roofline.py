@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from cs336sys.columns import TIMED_KINDS
 from cs336sys.measure.bytes_moved import attention_row_bytes, optimizer_row_bytes
-from cs336sys.pipeline.columns import TIMED_KINDS
 from cs336sys.studies import STUDIES
 
 COLUMNS = ("bytes_moved", "bytes_note", "achieved_gbps", "peak_gbps", "bw_frac", "arith_intensity", "roof_tflops", "bound", "roofline_note")

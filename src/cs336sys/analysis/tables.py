@@ -72,7 +72,7 @@ def merge_cells(
     if not frames:
         return pd.DataFrame(columns=["study", "cell_id", "status", "error"])
     merged = pd.concat(frames, ignore_index=True, sort=False)
-    merged = combine_passes(merged, floor_rel, (flags or {}).get("min_gpu_busy", 0.9))
+    merged = combine_passes(merged, floor_rel, (flags or {}).get("min_gpu_busy", 0.9), get_study(study).axes)
     merged = merged[order_columns(merged.columns, get_study(study).axes)]
     return add_derived(merged, peak_overrides, flags)
 

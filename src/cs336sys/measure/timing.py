@@ -22,24 +22,23 @@ from typing import Any
 
 import torch
 
+from cs336sys.columns import sample_stats
 from cs336sys.measure import energy
 from cs336sys.measure.stats import summarize_trials
 from cs336sys.models.annotate import annotate
 
 STEP = "step"  # the name under which the whole step's wall time is reported
 
-# How every study times, set once per measuring process by the cell runner from the
-# study's config section (trials, min_warmup_s, min_measure_s), so no study forwards them.
-# target_rel and max_measure_s: keep adding trials (or pairs of blocks) while the interval's
-# half-width exceeds target_rel of the centre, until max_measure_s of timed blocks are spent.
+# How every study times, set once per measuring process by the cell runner from the study's config
+# section, so no study forwards them. target_rel and max_measure_s: keep adding trials (or pairs of blocks)
+# while the interval's half-width exceeds target_rel of the centre, until max_measure_s of blocks are spent.
 POLICY: dict[str, float] = {"trials": 1, "min_warmup_s": 0.0, "min_measure_s": 0.0, "target_rel": 0.0, "max_measure_s": 0.0}
-MAX_STORED_SAMPLES = 500
-MAX_TRIALS = 200
+MAX_STORED_SAMPLES, MAX_TRIALS = 500, 200
 _state_sampler: Callable[[], Mapping[str, object]] | None = None
-# The time-based warm-up (min_warmup_s) is for a GPU that was idle. A timed block that starts
-# within WARM_GAP_S of this process last keeping the GPU busy (the previous mode of the same
-# cell, its profiled steps) finds the clocks up and runs its warm-up steps only. A GPU that did
-# slow down still shows: every row carries its SM clock at the start of the timed block.
+# The time-based warm-up (min_warmup_s) is for a GPU that was idle. A timed block that starts within
+# WARM_GAP_S of this process last keeping the GPU busy (the previous mode of the same cell, its profiled
+# steps) finds the clocks up and runs its warm-up steps only. A GPU that did slow down still shows: every
+# row carries its SM clock at the start of the timed block.
 WARM_GAP_S = 2.0
 _gpu_busy_at: float | None = None  # time.monotonic() when this process's GPU work last ended
 
@@ -142,6 +141,7 @@ class Stats:
             "trial_medians_ms": ";".join(f"{m:.4f}" for m in self.trial_medians_ms),
             # do_bench gives thousands of calls: keep the samples where a CSV in git can hold them
             "samples_ms": ";".join(f"{s:.4f}" for s in self.samples_ms) if self.n <= MAX_STORED_SAMPLES else "",
+            **sample_stats(self.samples_ms),  # the statistics cs336sys.columns declares with a `stat`
             **self.energy,
         }
 

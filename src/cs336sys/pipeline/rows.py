@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from cs336sys.fileio import atomic_path
-from cs336sys.pipeline.columns import ENV_COLUMNS, HEAD_COLUMNS, RESERVED_COLUMNS, TIMING_COLUMNS, WHERE_COLUMNS  # noqa: F401
+from cs336sys.columns import ENV_COLUMNS, HEAD_COLUMNS, RESERVED_COLUMNS, TIMING_COLUMNS, WHERE_COLUMNS  # noqa: F401
 
 
 class Status(str, enum.Enum):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys import catalog
-from cs336sys.pipeline.columns import RESERVED_COLUMNS
+from cs336sys.columns import RESERVED_COLUMNS
 
 Axes = dict[str, Any]
 # Section keys that shape the grid or the job, not the measurement.

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from cs336sys.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND
 from cs336sys.measure import energy, memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.flops import lm_forward_flops, phase_flops
@@ -33,7 +34,6 @@ from cs336sys.measure.timing import STEP, StepClock, Timing, merge_timings, time
 from cs336sys.models.dtypes import set_matmul_precision
 from cs336sys.models.optim import make_optimizer
 from cs336sys.models.variants import MODES, needs_cuda
-from cs336sys.pipeline.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND
 from cs336sys.pipeline.rows import Skip
 from cs336sys.studies import partner_name
 

@@ -20,8 +20,8 @@ from cs336sys.analysis.markdown import is_empty, size_key, value_key
 from cs336sys.analysis.metrics import FLAG_DEFAULTS
 from cs336sys.analysis.passes import drift_class
 from cs336sys.analysis.tables import ok_rows
+from cs336sys.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND, timed_kind
 from cs336sys.measure.stats import Interval
-from cs336sys.pipeline.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND, timed_kind
 from cs336sys.studies import Pair, format_value, study
 
 LM_KEYS = ["size", "context_length", "precision", "impl", "compile", "cuda_graphs"]

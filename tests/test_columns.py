@@ -1,0 +1,51 @@
+"""Every column of a timed row folds across passes by a declared rule (cs336sys.columns); an undeclared one fails the merge."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from cs336sys import columns as C
+from cs336sys.analysis.passes import UndeclaredColumnError, combine_passes
+
+
+def _passes(**extra) -> pd.DataFrame:
+    base = {"study": "e2e", "cell_id": "c", "status": "ok", "mode": "train", "phase": "step", "median_ms": 10.0,
+            "samples_ms": "9;10;11", "n": 3, "stop_reason": "budget", "peak_mem_bytes": 100, "gpu_wait_s": 1.0,
+            "end_sm_clock_mhz": 1980, "finished_at": "t0", "size": "small"}  # fmt: skip
+    second = {**base, "median_ms": 12.0, "samples_ms": "11;12;13", "stop_reason": "target", "peak_mem_bytes": 120,
+              "gpu_wait_s": 2.0, "end_sm_clock_mhz": 1700, "finished_at": "t1"}  # fmt: skip
+    rows = [{**base, "pass_index": 0}, {**second, "pass_index": 1}]
+    return pd.DataFrame([{**r, **extra} for r in rows])
+
+
+def test_each_column_folds_by_its_rule():
+    row = combine_passes(_passes(), axes=["size"]).iloc[0]
+    assert row["median_ms"] == 11.0 and row["passes"] == 2  # pooled over both passes' steps
+    assert row["stop_reason"] == "budget;target"  # join
+    assert row["peak_mem_bytes"] == 120  # max
+    assert row["gpu_wait_s"] == 3.0  # sum
+    assert row["end_sm_clock_mhz"] == 1700  # min
+    assert row["finished_at"] == "t1"  # last
+    assert row["size"] == "small"  # an axis: the same in every pass
+
+
+def test_a_column_without_a_rule_fails_the_merge_naming_it():
+    with pytest.raises(UndeclaredColumnError, match=r"p90_ms.*cs336sys\.columns\.COLUMNS"):
+        combine_passes(_passes(p90_ms=12.0), axes=["size"])
+    with pytest.raises(UndeclaredColumnError, match="size"):  # an axis only folds when the study declares it
+        combine_passes(_passes())
+
+
+def test_a_declared_statistic_is_computed_per_pass_and_pooled(monkeypatch):
+    monkeypatch.setitem(C.COLUMNS, "max2_ms", C.Column("max2_ms", "ms", "pooled", stat=lambda x: max(x) * 2))
+    assert C.sample_stats([1.0, 3.0]) == {"max2_ms": 6.0}
+    row = combine_passes(_passes(max2_ms=0.0), axes=["size"]).iloc[0]
+    assert row["max2_ms"] == 26.0  # of the pooled steps 9…13, not pass 0's value
+
+
+def test_family_rules_cover_state_and_gpu_time_columns():
+    assert C.fold_of("start_power_w") == "first" and C.fold_of("end_power_w") == "last"
+    assert C.fold_of("start_throttle_reasons") == "join" and C.fold_of("gpu_median_ms") == "pooled"
+    assert C.fold_of("pass_gpu_uuid") == "derived" and C.fold_of("no_such_column") is None
+    assert all(c.fold in C.FOLDS for c in C.COLUMNS.values())
