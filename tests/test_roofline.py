@@ -195,3 +195,12 @@ def test_bandwidth_table_and_peak_flops_table_name_the_same_gpus():
     # every GPU with a peak TFLOP/s has a peak bandwidth too, or its MFU would have no roofline beside it
     for name in metrics.PEAK_TFLOPS:
         assert any(name in key for key in metrics.PEAK_GBPS), name
+
+
+def test_peak_tflops_matches_whole_words_longest_key_first():
+    from cs336sys.analysis.metrics import peak_tflops
+
+    assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0  # not the SXM figure of the shorter key "H100"
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
+    assert peak_tflops("NVIDIA GH200 480GB", "bf16") is None  # "H200" inside a word is not an H200
+    assert peak_tflops("NVIDIA H200", "fp32", {"H200": {"fp32": 1.0}}) == 1.0

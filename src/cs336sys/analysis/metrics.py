@@ -34,7 +34,7 @@ from cs336sys.measure.flops import attention_row_flops
 from cs336sys.measure.gpu_state import throttled  # NVML's reasons decoded once; torch-free
 from cs336sys.studies import STUDIES
 
-# Ordered: the first substring found in torch.cuda.get_device_name() wins.
+# Matched as peak_gbps matches (whole words of torch.cuda.get_device_name(), longest key first).
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0},
     "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.0},
@@ -47,9 +47,16 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 def peak_tflops(device_name: str, precision: str, overrides: Mapping[str, Mapping[str, float]] | None = None) -> float | None:
     """Dense peak TFLOP/s for ``precision`` on ``device_name``, or ``None`` if unknown."""
     for table in (overrides or {}, PEAK_TFLOPS):
-        for pattern, peaks in table.items():
-            if pattern in str(device_name) and precision in peaks:
-                return float(peaks[precision])
+        if (key := _device_key(table, device_name)) is not None and precision in table[key]:
+            return float(table[key][precision])
+    return None
+
+
+def _device_key(table: Mapping[str, object], device_name: str) -> str | None:
+    """The longest key of ``table`` found as whole words in ``device_name`` ("GH200" is not "H200")."""
+    for pattern in sorted(table, key=len, reverse=True):
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(pattern)}(?![A-Za-z0-9])", str(device_name)):
+            return pattern
     return None
 
 
@@ -79,9 +86,8 @@ PEAK_GBPS: dict[str, float] = {
 def peak_gbps(device_name: str, overrides: Mapping[str, float] | None = None) -> float | None:
     """Peak DRAM bandwidth (GB/s) of ``device_name``, or ``None`` if unknown; ``overrides`` (name → GB/s) first."""
     for table in (overrides or {}, PEAK_GBPS):
-        for pattern in sorted(table, key=len, reverse=True):
-            if re.search(rf"(?<![A-Za-z0-9]){re.escape(pattern)}(?![A-Za-z0-9])", str(device_name)):
-                return float(table[pattern])
+        if (key := _device_key(table, device_name)) is not None:
+            return float(table[key])
     return None
 
 
