@@ -296,8 +296,8 @@ def test_write_csv_atomic_failure_keeps_the_old_content(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["cell.csv"]
 
 
-def test_statuses_are_the_documented_five():
-    assert row_schema.STATUSES == ("ok", "oom", "error", "timeout", "skipped")
+def test_statuses_are_the_documented_six():
+    assert row_schema.STATUSES == ("ok", "oom", "error", "timeout", "skipped", "wrong")
     assert [str(s) for s in row_schema.Status] == list(row_schema.STATUSES)
 
 

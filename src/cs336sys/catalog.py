@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-FAMILIES = ("ours", "pytorch", "reference")  # reference: someone else's kernel we compare against
+# reference: someone else's kernel we compare against; user: a config's plugins.attention (cs336sys.plugins)
+FAMILIES = ("ours", "pytorch", "reference", "user")
 ACTIVATIONS = ("softmax", "relu")
 LM_STUDIES = ("e2e", "warmup", "profile", "memory")  # attention inside TransformerLM: softmax, causal
 STUDIES = (*LM_STUDIES, "attention", "flash")  # the studies whose `impl` axis names an implementation
@@ -131,6 +132,13 @@ def register(impl: Impl) -> Impl:
 
 for _impl in _BUILT_IN:
     register(_impl)
+
+
+def unregister(name: str) -> None:
+    """Remove a user's line (``cs336sys.plugins`` replaces them when a config is activated again); built-ins stay."""
+    if name in _IMPLS and _IMPLS[name].family != "user":
+        raise ValueError(f"attention implementation {name!r} is built in ({_IMPLS[name].family}); only user lines can be removed")
+    _IMPLS.pop(name, None)
 
 
 def impls(study: str | None = None) -> tuple[Impl, ...]:

@@ -42,7 +42,7 @@ RUN_FLAGS = ("device", "timeout", "memory_fraction", "config", "csv")
 DEFAULT_TIMEOUT_S = 1800.0
 # what `--config FILE` may hold: these top-level keys and the study's own section (a flag wins over the file);
 # every other key is refused by name, never ignored
-CONFIG_APPLIES = ("device", "memory_fraction", "cache_dir", "extra_sizes", "peak_tflops", "flags")
+CONFIG_APPLIES = ("device", "memory_fraction", "cache_dir", "extra_sizes", "peak_tflops", "flags", "plugins")
 CONFIG_REFUSES = {"interval_floor_rel": "it widens merged intervals, and the CLI prints one cell's rows unmerged"}
 SECTION_REFUSES = {"passes": "the CLI measures one pass of one cell", "resources": "job resources of a workflow run"}
 
@@ -193,7 +193,7 @@ def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
     if args.memory_fraction is not None:
         config["memory_fraction"] = args.memory_fraction
     try:
-        validate_config(config)
+        validate_config(config, check_imports="here")  # this process imports torch anyway: the user's code too
     except ConfigError as exc:
         parser.error(_name_flags(str(exc), args, values, from_file))
     if args.timeout is None:
@@ -243,7 +243,27 @@ def command_line(study: str, axes: Mapping[str, Any], config: Mapping[str, Any],
     return " ".join(flags + ["--device cuda", "--modes inference train"])
 
 
+def _register_plugins(argv: Sequence[str] | None) -> None:
+    """The ``--config`` file's ``plugins`` names, registered before the parser lists the ``--impl`` choices."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    files = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"] + [
+        a.partition("=")[2] for a in argv if a.startswith("--config=")
+    ]
+    try:
+        section = load_config_file(files[-1]).get("plugins") if files else None
+    except (ConfigError, OSError, AttributeError):
+        return  # the parser reports an unreadable file by its flag
+    if section:
+        from cs336sys import plugins
+
+        try:
+            plugins.activate(section)
+        except ConfigError as exc:
+            sys.exit(f"cs336sys: --config {files[-1]}: {exc}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _register_plugins(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.memory_fraction is not None and not 0 < args.memory_fraction <= 1:
@@ -313,8 +333,8 @@ def result_tables(frame, study: str) -> str:
     """
     from cs336sys.analysis.findings import describe_ratio, stopped_on_budget
     from cs336sys.analysis.metrics import FLAG_DEFAULTS
-    from cs336sys.measure.stats import Interval
     from cs336sys.columns import PAIR_KIND
+    from cs336sys.measure.stats import Interval
 
     kind = frame["kind"].astype(str) if "kind" in frame else None
     rows = frame[kind != PAIR_KIND] if kind is not None else frame

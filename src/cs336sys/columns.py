@@ -75,7 +75,7 @@ _first = [Column(c, "", "first") for c in (
     "torch_version", "cuda_version", "python_version", "git_commit", "host", "started_at", "gpu_index", "gpu_uuid",
     "max_sm_clock_mhz", "gpu_state_note", "cpu_model", "cpu_count", "pass_index", "flops", "warmup_steps_run",
     "first_step_s", "gpu_busy_note", "gpu_note", "memory_note", "batch_size", "tokens", "params", "optimizer",
-    "precision", "causal", "output_bytes", "score_matrix_bytes", "profiled_steps", "device_kind",
+    "precision", "causal", "output_bytes", "score_matrix_bytes", "profiled_steps", "device_kind", "model",
 )]  # fmt: skip
 COLUMNS: dict[str, Column] = {c.name: c for c in [
     *_first,

@@ -20,7 +20,7 @@ from cs336sys.pipeline.config import ConfigError, check_run_snapshot, settings_s
 from cs336sys.pipeline.config import SCHEMA_PATH  # package data: src/cs336sys/pipeline/config.schema.yaml
 from cs336sys.pipeline.config_file import check_layer, load_config_file
 from cs336sys.pipeline.provenance import file_hash, modules_hash, module_closure
-from cs336sys.pipeline.code_record import file_hashes, record_path, rerun_notes
+from cs336sys.pipeline.code_record import file_hashes, record_path, rerun_notes, user_file_hashes
 
 try:
     # Snakemake has merged these already, keeping the last of two equal keys and reading YAML 1.1
@@ -28,7 +28,8 @@ try:
     for _file in workflow.configfiles:
         load_config_file(_file)
     check_layer(dict(workflow.config_settings.config), "--config")  # `--config e2e=` is an empty block too
-    validate_config(config, SCHEMA_PATH)
+    # the main invocation imports the user's plug-ins once (in a subprocess: no torch here); each job's parse trusts it
+    validate_config(config, SCHEMA_PATH, check_imports="" if workflow.remote_exec or workflow.subprocess_exec else "subprocess")
     check_fault_spec(os.environ.get(FAULT_ENV, ""))
 except (ConfigError, ValueError) as exc:
     raise WorkflowError(str(exc)) from None
@@ -227,7 +228,10 @@ def _current_code(study, axes):
     modules = tuple(S.cell_modules(study, axes))
     if modules not in _CODE_FILES:
         _CODE_FILES[modules] = file_hashes(modules)
-    return _CODE_FILES[modules]
+    user = S.user_files(study, axes, config["plugins"])
+    if not user:
+        return _CODE_FILES[modules]
+    return {**_CODE_FILES[modules], **user_file_hashes(user, config["plugins"]["path"])}
 
 
 if not (workflow.remote_exec or workflow.subprocess_exec):
@@ -253,7 +257,7 @@ def cell_priority(study, k=0):
 
 def cell_code(study):
     def code(wildcards):
-        return S.cell_code_hash(study, _axes(study, wildcards.cell))
+        return S.cell_code_hash(study, _axes(study, wildcards.cell), config["plugins"])
 
     return code
 

@@ -39,11 +39,11 @@ from cs336sys.analysis.compare_setup import config_diff, environment_diff, load_
 from cs336sys.analysis.html import report_page
 from cs336sys.analysis.passes import HOST_PROBE
 from cs336sys.analysis.tables import load_study
-from cs336sys.fileio import atomic_path, write_text_atomic
 from cs336sys.columns import GPU_TIME_PREFIX, timed_kind
+from cs336sys.fileio import atomic_path, write_text_atomic
 
 KEYS = ("cell_id", "mode", "phase")
-FAILED = frozenset({"oom", "error", "timeout"})
+FAILED = frozenset({"oom", "error", "timeout", "wrong"})  # wrong: failed its float64 check
 VERDICTS = ("faster", "slower", HOST_DEPENDENT, "same", "n/a")
 COLUMNS = ["cell_id", "mode", "phase", "status_a", "status_b", "median_a_ms", "median_b_ms", "ratio", "ratio_low",
            "ratio_high", "verdict", "status_change", "only_in", "flags", "figure", "host_ratio", "gpu_ratio", "note",

@@ -29,7 +29,7 @@ from cs336sys.models.sizes import MODEL_SIZES, parameter_count
 MIB = 2**20
 NOT_APPLICABLE = "n/a"
 # what an empty cell of a failed row says, by row status; the first that the row has wins
-EMPTY_BY_STATUS = {"oom": "OOM", "timeout": "timeout", "error": "error", "skipped": "skipped"}
+EMPTY_BY_STATUS = {"oom": "OOM", "timeout": "timeout", "error": "error", "wrong": "wrong", "skipped": "skipped"}
 
 
 def size_key(name: Any) -> tuple:

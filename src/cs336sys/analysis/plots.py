@@ -34,7 +34,7 @@ from cs336sys.pipeline.rows import Status  # noqa: E402
 
 OK = Status.OK.value
 
-FAIL_MARKERS = {"oom": "x", "timeout": "1", "error": "4"}
+FAIL_MARKERS = {"oom": "x", "timeout": "1", "error": "4", "wrong": "*"}
 STYLE = {"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3, "font.size": 8, "legend.fontsize": 7, "axes.titlesize": 9}
 
 

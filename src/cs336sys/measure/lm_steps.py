@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from cs336sys import plugins
 from cs336sys.measure import memory
 from cs336sys.measure.timing import StepClock
 from cs336sys.models.dtypes import autocast, set_matmul_precision
@@ -20,9 +21,24 @@ from cs336sys.models.optim import make_optimizer
 from cs336sys.models.sizes import ModelSize, resolve_size
 
 
-def build_lm(size: ModelSize, vocab_size: int, context_length: int, attention: str, device: torch.device) -> TransformerLM:
+def build_lm(size: ModelSize, vocab_size: int, context_length: int, attention: str, device: torch.device) -> torch.nn.Module:
+    """Our TransformerLM, or the user's class where the config names one (``plugins.model``, activated in this process)."""
+    user = plugins.active_model()
+    if user is not None:
+        return build_user_lm(user, size, vocab_size, context_length, device)
     # Built on the device: initialising 3.4B parameters on the host first would take minutes.
     return TransformerLM.from_size(size, vocab_size, context_length, attention=attention, device=device)
+
+
+def build_user_lm(user: tuple[str, str], size: ModelSize, vocab_size: int, context_length: int, device: torch.device) -> torch.nn.Module:
+    """The user's LM with the course's constructor; it runs its own attention (the config keeps impl [eager])."""
+    cls = plugins.load(*user)
+    with torch.device(device):  # factory functions default to the device: no host-side copy of the weights
+        model = cls(vocab_size, context_length, size.d_model, size.num_layers, size.num_heads, size.d_ff, plugins.ROPE_THETA)
+    model = model.to(device)
+    if not hasattr(model, "num_parameters"):  # the studies' `params` column, as our TransformerLM counts it
+        model.num_parameters = lambda: sum(p.numel() for p in model.parameters())
+    return model
 
 
 def random_batch(batch_size: int, context_length: int, vocab_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

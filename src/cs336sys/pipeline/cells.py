@@ -4,7 +4,9 @@ The measurement runs in a child process so that whatever happens to it becomes
 data: ``torch.OutOfMemoryError`` (caught by type) → ``oom``; any other
 exception → ``error``; the child dying (segfault, ``abort``, a fatal CUDA error)
 → ``error`` with its exit signal; running past the time limit → ``timeout``;
-a cell that cannot run here (CUDA needed on a CPU machine) → ``skipped``.
+a cell that cannot run here (CUDA needed on a CPU machine) → ``skipped``; an
+attention implementation that fails its check against a float64 reference
+(``measure.correctness``) → ``wrong``, untimed.
 Rows measured before a failure are kept, and the failure row names the part
 (e.g. ``mode=train``) that failed.
 
@@ -35,8 +37,9 @@ from typing import Any
 
 import torch
 
+from cs336sys.catalog import LM_STUDIES
 from cs336sys.pipeline.faults import FAULT_ENV, parse_fault_spec
-from cs336sys.pipeline.rows import Skip
+from cs336sys.pipeline.rows import Skip, Wrong
 
 PROGRESS_EVERY_S = 10.0
 OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -55,6 +58,7 @@ class Cell:
     timing: dict[str, Any] = field(default_factory=dict)  # trials, min_warmup_s, min_measure_s (measure.timing)
     cache_dir: str | None = None  # Triton's and torch.compile's on-disk caches: a rerun compiles and autotunes nothing
     pass_index: int = 0  # which pass over the grid (analysis.passes); copied into every row
+    plugins: dict[str, Any] = field(default_factory=dict)  # the user's code this cell runs (cs336sys.plugins.cell_plugins)
 
 
 def _inject_fault(cell_id: str, spec: str) -> None:
@@ -126,6 +130,10 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
         conn.send(("env", env))
         cap_memory(cell.memory_fraction, device)
         _inject_fault(cell.cell_id, fault)
+        if cell.plugins:  # the user's implementation names and model, as the workflow registered them
+            from cs336sys import plugins
+
+            plugins.activate(cell.plugins)
         module, _, name = cell.target.partition(":")
         measure = getattr(importlib.import_module(module), name)
         for row in measure(device=device, context=context, **cell.kwargs):
@@ -137,6 +145,8 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
         conn.send(("oom", (str(exc).partition("\n")[0][:500] or "CUDA out of memory", dict(context))))
     except Skip as exc:
         conn.send(("skipped", (str(exc), dict(context))))
+    except Wrong as exc:
+        conn.send(("wrong", (str(exc)[:1000], dict(context))))
     except Exception as exc:  # any measured failure becomes a row, never a crash of the workflow
         traceback.print_exc()
         conn.send(("error", (f"{type(exc).__name__}: {exc}"[:1000], dict(context))))
@@ -335,6 +345,8 @@ def _finish(cell: Cell, env: dict[str, Any], rows: list[dict[str, Any]], failure
         rows.append({**before_any_part, **where, "status": status, "error": error})
     env.update(lock, finished_at=_now())
     head = {"study": cell.study, "cell_id": cell.cell_id, **cell.axes}
+    if cell.study in LM_STUDIES:  # which LM ran: ours or the user's class (plugins.model)
+        head["model"] = (cell.plugins or {}).get("model") or "cs336sys"
     return [{**head, **row, "pass_index": cell.pass_index, **env} for row in rows]
 
 

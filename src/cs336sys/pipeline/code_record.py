@@ -35,6 +35,12 @@ def file_hashes(modules: Iterable[str]) -> dict[str, str]:
     return {path.relative_to(PACKAGE_DIR).as_posix(): file_hash(path) for path in sorted(files)}  # type: ignore[union-attr]
 
 
+def user_file_hashes(files: Iterable[Path], root: str) -> dict[str, str]:
+    """``{<root>/<path under root>: content hash}`` of a plug-in's files (cs336sys.plugins), named as the config's ``plugins.path``."""
+    base = Path(root).resolve()
+    return {f"{root.rstrip('/')}/{Path(f).resolve().relative_to(base).as_posix()}": file_hash(f) for f in files}
+
+
 def write_record(output: str | Path, files: Mapping[str, str]) -> Path:
     return write_text_atomic(record_path(output), json.dumps(dict(sorted(files.items())), indent=0) + "\n")
 

@@ -304,14 +304,27 @@ def resolve_run_name(config: dict) -> None:
         config["run"] = run_name_for(detected_gpu_name())
 
 
-def validate_config(config: dict, schema_path: str | Path = SCHEMA_PATH) -> dict:
-    """Fill defaults into ``config`` and check it; raises ConfigError naming each bad key."""
+def validate_config(config: dict, schema_path: str | Path = SCHEMA_PATH, check_imports: str = "") -> dict:
+    """Fill defaults into ``config`` and check it; raises ConfigError naming each bad key.
+
+    Registers the config's ``plugins`` first (their names join the schema's ``impl`` enums).
+    ``check_imports``: ``subprocess`` (the workflow's parse, which must not import torch) or
+    ``here`` also imports the user's code and checks it; "" does not.
+    """
+    from cs336sys import plugins
+
     check_size(config)
+    config["plugins"] = plugins.activate(config.get("plugins"))  # with its defaults (form: adapter)
     coerce_command_line(config, load_schema(schema_path))
     validate_schema(config, schema_path)
     resolve_run_name(config)
     check_grid_size(config)
+    plugins.check_lm_studies(config)
     validate_semantics(config)
+    if check_imports == "subprocess":
+        plugins.check_imports_in_subprocess(config["plugins"])
+    elif check_imports == "here":
+        plugins.check_imports(config["plugins"])
     return config
 
 

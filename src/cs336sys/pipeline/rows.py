@@ -16,8 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from cs336sys.fileio import atomic_path
 from cs336sys.columns import ENV_COLUMNS, HEAD_COLUMNS, RESERVED_COLUMNS, TIMING_COLUMNS, WHERE_COLUMNS  # noqa: F401
+from cs336sys.fileio import atomic_path
 
 
 class Status(str, enum.Enum):
@@ -26,6 +26,7 @@ class Status(str, enum.Enum):
     ERROR = "error"
     TIMEOUT = "timeout"
     SKIPPED = "skipped"
+    WRONG = "wrong"  # an attention implementation failed its check against a float64 reference: not timed
 
     def __str__(self) -> str:  # rows and CSVs hold the plain value
         return self.value
@@ -39,13 +40,17 @@ TEXT_COLUMNS = frozenset(
     HEAD_COLUMNS + WHERE_COLUMNS
     + ["device", "device_name", "driver_version", "torch_version", "cuda_version", "python_version", "git_commit",
        "host", "started_at", "finished_at", "pass_started_at", "pass_finished_at", "gpu_uuid", "gpu_state_note",
-       "cpu_model", "kind", "stop_reason"]
+       "cpu_model", "kind", "stop_reason", "model"]
 )  # fmt: skip
 TEXT_SUFFIXES = ("_version", "_note")  # triton_version, mfu_note, pair_note, …
 
 
 class Skip(Exception):
     """Raised by a measurement that cannot run on this machine; the cell becomes ``skipped``."""
+
+
+class Wrong(Exception):
+    """Raised by a measurement whose implementation computes a wrong answer; the cell becomes ``wrong``, untimed."""
 
 
 def order_columns(columns: Iterable[str], axes: Iterable[str] = ()) -> list[str]:

@@ -185,11 +185,16 @@ def cell_settings(name: str, axes: Axes, config: Mapping[str, Any], artifact_dir
     These are the cell job's Snakemake params, so any change reruns the cell; the
     time limit travels as a resource instead, and changing it reruns nothing.
     """
+    from cs336sys.plugins import cell_plugins
+
     s = study(name)
     kwargs = measure_kwargs(name, axes, config)
     if s.artifacts:
         kwargs.update(artifact_dir=artifact_dir, cell_id=cell_id(name, axes))
+    # the user's code this cell runs, only where it runs some: other cells' params (and so their reruns) stay as they were
+    user = cell_plugins(name, axes, config.get("plugins"))
     return {
+        **({"plugins": user} if user else {}),
         "study": name,
         "cell_id": cell_id(name, axes),
         "axes": dict(axes),
@@ -208,8 +213,23 @@ def cell_modules(name: str, axes: Axes) -> list[str]:
     return list(_modules(name, _unused(name, axes), _selected(name, axes)))
 
 
-def cell_code_hash(name: str, axes: Axes) -> str:
-    return _code_hash(name, _unused(name, axes), _selected(name, axes))
+def cell_code_hash(name: str, axes: Axes, plugins: Mapping[str, Any] | None = None) -> str:
+    """The hash of the code a cell runs: our modules, and the user's files where the cell runs a plug-in
+    (``plugins``: the config's section; ``cs336sys.plugins.cell_plugins`` picks the cell's part)."""
+    ours = _code_hash(name, _unused(name, axes), _selected(name, axes))
+    files = user_files(name, axes, plugins)
+    if not files:
+        return ours
+    from cs336sys.plugins import files_hash
+
+    return f"{ours}+{files_hash(files, (plugins or {})['path'])}"
+
+
+def user_files(name: str, axes: Axes, plugins: Mapping[str, Any] | None) -> list:
+    """The user's source files (``pathlib.Path``) that the cell imports: its plug-in's module and what that imports from ``plugins.path``."""
+    from cs336sys.plugins import cell_files, cell_plugins
+
+    return cell_files(cell_plugins(name, axes, plugins))
 
 
 def _unused(name: str, axes: Axes) -> tuple[str, ...]:

@@ -1,7 +1,9 @@
 """One attention cell: Q, K, V of shape (batch, 1 head, L, d); a forward and a backward per step.
 
 Both are timed by CUDA events inside the same step, and the memory in use
-between them is recorded: what the core keeps for backward.
+between them is recorded: what the core keeps for backward. Before timing, the
+core's output and gradients are checked against float64 (``measure.correctness``):
+a wrong core is a ``wrong`` row, never a time.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from typing import Any
 
 import torch
 
+from cs336sys import catalog
 from cs336sys.measure import memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
+from cs336sys.measure.correctness import check_attention, check_shape
 from cs336sys.measure.flops import attention_phase_flops
 from cs336sys.measure.timing import StepClock, time_steps, timing_rows
 from cs336sys.models.attention import get_attention
@@ -61,6 +65,10 @@ def measure(
 ) -> Iterator[dict[str, Any]]:
     fn = core(impl, activation, device)
     set_matmul_precision(precision)
+    context["mode"] = "train"  # a wrong core's row is the train row it would have been
+    check_attention(fn, check_shape((batch_size, 1), seq_len, d_model), precision, bool(causal), device, activation=activation)
+    if catalog.lookup(impl).compile:
+        torch._dynamo.reset()  # the check's shape must not make the timed shape's compilation dynamic
     # (batch, 1 head, L, d): 4-D so that SDPA can pick a fused backend (3-D inputs fall back to math)
     q, k, v = qkv((batch_size, 1, seq_len, d_model), precision, device, seed)
     grad_out = torch.randn_like(q)

@@ -6,7 +6,8 @@ cell ``skipped`` with SDPA's reason. ``triton-atomic`` is ours with the one-kern
 (atomic dQ). ``tutorial`` is Triton's fused-attention
 tutorial kernel (``models.triton_tutorial_attention``), a reference point: the
 shapes it does not handle are not cells, and a direct call with one is skipped
-with the reason.
+with the reason. Before timing, output and gradients are checked against float64
+(``measure.correctness``): a wrong kernel is a ``wrong`` row, never a time.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from cs336sys import catalog
 from cs336sys.measure import memory
+from cs336sys.measure.correctness import check_attention, check_shape
 from cs336sys.measure.flops import attention_phase_flops
 from cs336sys.measure.timing import bench_stats
 from cs336sys.models.attention import resolve
@@ -65,6 +67,10 @@ def measure(
             if isinstance(exc, torch.OutOfMemoryError):
                 raise
             raise Skip(f"unsupported: {str(exc).splitlines()[0][:300]}") from exc
+        check_attention(fn, check_shape((batch_size, num_heads), seq_len, head_dim), precision, causal, device)
+        if line.compile:  # the check's shape must not make the timed shape's compilation dynamic
+            torch._dynamo.reset()
+            out = fn(q, k, v, is_causal=causal)
 
         def fwd_bwd() -> None:
             fn(q, k, v, is_causal=causal).backward(grad_out)
