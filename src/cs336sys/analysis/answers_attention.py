@@ -244,8 +244,8 @@ def _flash(run: Run) -> tuple[str, str]:
     note, table, wins = Note(ok), [], []
     for key, part in ok.groupby(FLASH_INDEX):
         row = dict(zip(FLASH_INDEX, key)) | {impl: note.ms(first(part, impl=impl)) for impl in impls if first(part, impl=impl) is not None}
-        # PyTorch's implementations only: our atomic-dQ variant and Triton's tutorial kernel are listed in the table
-        others = part[~part["impl"].isin([i.name for i in catalog.impls("flash") if i.family in ("ours", "reference")])]
+        # PyTorch's implementations only (the catalog's pytorch family): ours, the tutorial kernel and plug-ins are listed in the table
+        others = part[part["impl"].isin([i.name for i in catalog.impls("flash") if i.family == "pytorch"])]
         if "triton" in set(part["impl"]) and not others.empty:
             best = others.loc[others["median_ms"].idxmin(), "impl"]
             r = paired_ratios(part, FLASH_INDEX, "impl", best, "triton")
