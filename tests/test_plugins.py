@@ -284,7 +284,10 @@ def test_the_cpu_demo_runs_the_users_code_and_reruns_exactly_its_cells_after_an_
     assert cells and {cell for _, cell in cells} == {c for c in cells_of(root) if "impl=course-flash" in c}, run.describe()
     assert {rule for rule, _ in cells} == {"attention_cell"}
     # and the rerun names the user's file
-    assert "code changed since these cells were measured: course_repo/cs336_systems/flash_attention.py → 1 attention cell job rerun" in run.result.output
+    assert (
+        "code changed since these cells were measured: course_repo/cs336_systems/flash_attention.py → 1 attention cell job rerun"
+        in run.result.output
+    )
 
 
 def cells_of(root: Path) -> set[str]:
