@@ -29,7 +29,11 @@ try:
         load_config_file(_file)
     check_layer(dict(workflow.config_settings.config), "--config")  # `--config e2e=` is an empty block too
     # the main invocation imports the user's plug-ins once (in a subprocess: no torch here); each job's parse trusts it
-    validate_config(config, SCHEMA_PATH, check_imports="" if workflow.remote_exec or workflow.subprocess_exec else "subprocess")
+    validate_config(
+        config,
+        SCHEMA_PATH,
+        check_imports="" if workflow.remote_exec or workflow.subprocess_exec else "subprocess",
+    )
     check_fault_spec(os.environ.get(FAULT_ENV, ""))
 except (ConfigError, ValueError) as exc:
     raise WorkflowError(str(exc)) from None
