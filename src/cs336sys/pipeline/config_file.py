@@ -182,6 +182,22 @@ def _read_text(path: Path) -> str:
         raise ConfigError(f"config file {path}: not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r})") from None
 
 
+def _check_depth(text: str, path: Path) -> None:
+    """Refuse a document nesting past ``MAX_DEPTH`` from the parser's events, before the composer recurses
+    into it: 2000 nested lists took the composer seconds to give up (a RecursionError), the events milliseconds."""
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise ConfigError(f"{path}:{event.start_mark.line + 1}: nested more than {MAX_DEPTH} levels deep (a config nests 5)")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.YAMLError:  # the strict loader below refuses it, in its own words
+        return
+
+
 def load_yaml(path: str | Path) -> Any:
     """Read a config file strictly: each refusal names the file and line and what to write instead.
 
@@ -189,7 +205,9 @@ def load_yaml(path: str | Path) -> Any:
     ``MAX_DOCUMENT_BYTES`` or one that nests or expands past the limits: all ``ConfigError``.
     """
     path = Path(path)
-    loader = _StrictLoader(_read_text(path))
+    text = _read_text(path)
+    _check_depth(text, path)
+    loader = _StrictLoader(text)
     loader.name = str(path)  # marks (duplicate keys) name the file, not "<unicode string>"
     try:
         node = loader.get_single_node()
