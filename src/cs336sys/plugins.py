@@ -38,6 +38,7 @@ from typing import Any
 
 from cs336sys import catalog
 from cs336sys.pipeline.config_file import ConfigError
+from cs336sys.pipeline.provenance import imported_names
 
 FORMS = ("adapter", "callable")  # adapter: a function returning an autograd.Function class (the course's tests/adapters.py)
 ATTENTION_STUDIES = ("attention", "flash")  # the studies that feed a core raw (batch, heads, L, d) tensors
@@ -289,19 +290,9 @@ def _module_file(root: Path, module: str) -> Path | None:
     return None
 
 
-def _imports(root: Path, module: str, path: Path) -> list[str]:
+def _imports(module: str, path: Path) -> list[str]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found = []
-    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
-        if isinstance(node, ast.Import):
-            found += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            found += [base] + [f"{base}.{a.name}" for a in node.names]
-    return found
+    return imported_names(ast.parse(path.read_bytes(), str(path)), package)
 
 
 def source_files(path: str, modules: Iterable[str]) -> list[Path]:
@@ -321,7 +312,7 @@ def source_files(path: str, modules: Iterable[str]) -> list[Path]:
             file = _module_file(root, name)
             if file is not None:
                 files.add(file)
-                todo += _imports(root, name, file)
+                todo += _imports(name, file)
     return sorted(files)
 
 

@@ -50,6 +50,14 @@ def _imports(module: str) -> tuple[str, ...]:
         # a registry that imports every subpackage it finds (cs336sys.studies) imports them all
         if "pkgutil.iter_modules(__path__)" in path.read_text():
             found += [f"{module}.{p.name}" for p in path.parent.iterdir() if (p / "__init__.py").is_file()]
+    found += imported_names(tree, package)
+    return tuple(sorted({m for m in found if m.split(".")[0] == PACKAGE and module_file(m) is not None}))
+
+
+def imported_names(tree: ast.AST, package: str) -> list[str]:
+    """Every module ``tree`` imports anywhere in its body (relative ones resolved against ``package``), and
+    each ``from pkg import name`` as ``pkg.name`` too: that name may be a module."""
+    found: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [a.name for a in node.names]
@@ -58,9 +66,8 @@ def _imports(module: str) -> tuple[str, ...]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            found.append(base)
-            found += [f"{base}.{a.name}" for a in node.names]  # `from pkg import module`
-    return tuple(sorted({m for m in found if m.split(".")[0] == PACKAGE and module_file(m) is not None}))
+            found += [base] + [f"{base}.{a.name}" for a in node.names]
+    return found
 
 
 def _with_parents(module: str) -> list[str]:
