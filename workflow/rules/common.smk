@@ -20,7 +20,7 @@ from cs336sys.pipeline.config import ConfigError, check_run_snapshot, settings_s
 from cs336sys.pipeline.config import SCHEMA_PATH  # package data: src/cs336sys/pipeline/config.schema.yaml
 from cs336sys.pipeline.config_file import check_layer, load_config_file
 from cs336sys.pipeline.provenance import file_hash, modules_hash, module_closure
-from cs336sys.pipeline.code_record import file_hashes, record_path, rerun_notes, user_file_hashes
+from cs336sys.pipeline.code_record import cell_file_hashes, record_path, rerun_notes
 
 try:
     # Snakemake has merged these already, keeping the last of two equal keys and reading YAML 1.1
@@ -225,17 +225,11 @@ SNAPSHOT_PRIORITY = PRIORITIES.above_cells
 
 # Snakemake's reason for a cell whose code hash changed is "params have changed": say which
 # files (pipeline.code_record). Once, in the invocation that plans the jobs, not in each job's.
-_CODE_FILES = {}
+_CODE_FILES = {}  # module set → hashes: one parse hashes each set once
 
 
 def _current_code(study, axes):
-    modules = tuple(S.cell_modules(study, axes))
-    if modules not in _CODE_FILES:
-        _CODE_FILES[modules] = file_hashes(modules)
-    user = S.user_files(study, axes, config["plugins"])
-    if not user:
-        return _CODE_FILES[modules]
-    return {**_CODE_FILES[modules], **user_file_hashes(user, config["plugins"]["path"])}
+    return cell_file_hashes(study, axes, config["plugins"], _CODE_FILES)
 
 
 if not (workflow.remote_exec or workflow.subprocess_exec):

@@ -17,6 +17,7 @@ import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from cs336sys.fileio import write_text_atomic
 from cs336sys.pipeline.provenance import PACKAGE_DIR, file_hash, module_file
@@ -39,6 +40,26 @@ def user_file_hashes(files: Iterable[Path], root: str) -> dict[str, str]:
     """``{<root>/<path under root>: content hash}`` of a plug-in's files (cs336sys.plugins), named as the config's ``plugins.path``."""
     base = Path(root).resolve()
     return {f"{root.rstrip('/')}/{Path(f).resolve().relative_to(base).as_posix()}": file_hash(f) for f in files}
+
+
+def cell_file_hashes(
+    study: str,
+    axes: Mapping[str, Any],
+    plugins: Mapping[str, Any] | None = None,
+    cache: dict[tuple[str, ...], dict[str, str]] | None = None,
+) -> dict[str, str]:
+    """The files a cell runs, hashed: our modules (``studies.cell_modules``) and its plug-in's files, if any.
+    ``cache``: one parse of the workflow hashes each module set once (not a long-lived process: files change)."""
+    from cs336sys import studies
+
+    modules = tuple(studies.cell_modules(study, dict(axes)))
+    ours = cache.get(modules) if cache is not None else None
+    if ours is None:
+        ours = file_hashes(modules)
+        if cache is not None:
+            cache[modules] = ours
+    user = studies.user_files(study, dict(axes), plugins)
+    return {**ours, **user_file_hashes(user, plugins["path"])} if user and plugins else ours
 
 
 def write_record(output: str | Path, files: Mapping[str, str]) -> Path:

@@ -258,14 +258,10 @@ def _job(request: dict[str, Any], owner_pid: int | None = None) -> str:
 
 def _record_code(cell: Any, out: Path) -> None:
     """Leave the hashes of the files this cell ran beside its CSV (pipeline.code_record); never fails the job."""
-    from cs336sys import plugins, studies
-    from cs336sys.pipeline.code_record import file_hashes, user_file_hashes, write_record
+    from cs336sys.pipeline.code_record import cell_file_hashes, write_record
 
     try:
-        files = file_hashes(studies.cell_modules(cell.study, cell.axes))
-        if cell.plugins:  # the user's files it ran too (plugins.cell_files), so an edit to them is named
-            files.update(user_file_hashes(plugins.cell_files(cell.plugins), cell.plugins["path"]))
-        write_record(out, files)
+        write_record(out, cell_file_hashes(cell.study, cell.axes, cell.plugins))
     except Exception as err:  # noqa: BLE001 - the record only explains a later rerun; the cell is measured
         print(f"no code record for {out.name}: {err}")
 
