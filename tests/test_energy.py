@@ -454,3 +454,15 @@ def test_the_comparison_shows_both_runs_j_per_step_and_their_ratio(tmp_path):
     report = result.report_path.read_text()
     assert "### Energy per step (b / a)" in report
     assert "2 [1.8, 2.2]" in report and "1.5 [1.2, 1.6]" in report and "0.75 [0.545, 0.889]" in report
+
+
+def test_energy_check_reads_nvidia_smi_samples_inside_the_metered_window_only():
+    from datetime import datetime
+
+    from cs336sys.measure.energy_check import _smi_samples
+
+    def stamp(s: str) -> float:
+        return datetime.strptime(s, "%Y/%m/%d %H:%M:%S.%f").timestamp()
+
+    log = "2026/11/26 07:00:00.000, 100.0\n2026/11/26 07:00:01.000, 600.5\n2026/11/26 07:00:02.000, 610.5\nnot a line\n2026/11/26 07:00:03.000, 50.0\n"
+    assert _smi_samples(log, stamp("2026/11/26 07:00:00.500"), stamp("2026/11/26 07:00:02.500")) == [600.5, 610.5]
