@@ -166,6 +166,21 @@ def test_the_check_passes_a_right_implementation_and_ours():
         assert set(errors) == {"output", "dq", "dk", "dv"} and max(errors.values()) < 1e-4
 
 
+def test_our_triton_kernel_through_the_adapter_gives_the_built_in_bits():
+    # config/handout/flash-plugin.yaml times the two against each other: they must run the same kernels
+    from cs336sys.models.attention import resolve
+
+    adapter, ours = _fn("tests.adapters:get_flashattention_autograd_function_triton", "adapter"), resolve("triton", study="flash")[0]
+    q, k, v = (torch.randn(1, 2, 32, 16, requires_grad=True) for _ in range(3))
+    results = []
+    for fn in (adapter, ours):
+        out = fn(q, k, v, is_causal=True)
+        results.append((out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out))))
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+    assert check_attention(adapter, (2, 2, 32, 16), "fp32", True, torch.device("cpu"))["output"] < 1e-4
+
+
 @pytest.mark.parametrize("function, form", [(WRONG, "callable"), ("tests.adapters:get_wrong_flashattention_autograd_function", "adapter")])
 def test_the_check_finds_a_wrong_implementation(function, form):
     with pytest.raises(Wrong, match=r"wrong (output|dq|dk|dv) against a float64 reference .* max abs error"):
@@ -228,6 +243,7 @@ def test_source_files_walk_the_users_imports_under_path_only():
         "tests/adapters.py",
         "cs336_systems/__init__.py",
         "cs336_systems/flash_attention.py",
+        "cs336_systems/flash_triton.py",
         "cs336_systems/wrong_attention.py",
     }  # fmt: skip  (torch, math: not under path)
 
