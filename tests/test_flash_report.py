@@ -1,0 +1,21 @@
+"""The flash study's figures: one per (precision, heads) pair that has rows."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cs336sys.analysis.tables import load_study
+from cs336sys.studies.flash import report as flash_report
+from workflow_helpers import REPO
+
+
+def test_a_grid_whose_heads_differ_by_precision_draws_only_the_pairs_it_has(tmp_path):
+    # the handout grid: one head at bf16 and fp32, the 16-head leaderboard row at bf16 only
+    df = load_study(REPO / "results" / "h100-flash" / "flash.csv")
+    fp32 = df[df["num_heads"] == 1].assign(precision="fp32")
+    df = pd.concat([df, fp32], ignore_index=True)
+    names = [name for name, _ in flash_report.figures(df, "t")]
+    assert {"flash_bf16_heads-1", "flash_bf16_heads-16", "flash_fp32_heads-1"} <= set(names)
+    assert "flash_fp32_heads-16" not in names
+    for name, draw in flash_report.figures(df, "t"):
+        assert draw(tmp_path / f"{name}.png").stat().st_size > 1000
