@@ -19,3 +19,33 @@ def test_a_grid_whose_heads_differ_by_precision_draws_only_the_pairs_it_has(tmp_
     assert "flash_fp32_heads-16" not in names
     for name, draw in flash_report.figures(df, "t"):
         assert draw(tmp_path / f"{name}.png").stat().st_size > 1000
+
+
+def test_a_backend_that_refuses_says_why_from_sdpas_warnings():
+    import warnings
+
+    import pytest
+    import torch
+
+    from cs336sys.pipeline.rows import Skip
+    from cs336sys.studies.flash.measure import _first_call
+
+    def refusing(q, k, v, is_causal):
+        warnings.warn("Flash attention kernel not used because:", stacklevel=2)
+        warnings.warn("Expected query, key and value to all be of dtype: {Half, BFloat16}. Got Query dtype: float", stacklevel=2)
+        warnings.warn("Flash attention kernel not used because:", stacklevel=2)  # SDPA repeats itself per backend
+        raise RuntimeError("No available kernel. Aborting execution.\nmore")
+
+    q = torch.zeros(1, 1, 4, 8)
+    with pytest.raises(Skip) as refused:
+        _first_call(refusing, q, q, q, True)
+    assert str(refused.value) == (
+        "unsupported: No available kernel. Aborting execution. (Flash attention kernel not used because:; "
+        "Expected query, key and value to all be of dtype: {Half, BFloat16}. Got Query dtype: float)"
+    )
+
+    def out_of_memory(q, k, v, is_causal):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(torch.OutOfMemoryError):  # an oom row, not a skipped one
+        _first_call(out_of_memory, q, q, q, True)

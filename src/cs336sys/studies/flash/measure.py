@@ -12,6 +12,7 @@ with the reason. Before timing, output and gradients are checked against float64
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,6 +39,25 @@ def _flash_fn(impl: str, device: torch.device) -> tuple[Callable, Callable[[], A
     return found
 
 
+def _first_call(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """The first forward; an implementation that refuses the shape or dtype makes the cell ``skipped``.
+
+    SDPA's error says only "No available kernel"; why each backend declined it says in warnings
+    (e.g. "Expected query, key and value to all be of dtype: {Half, BFloat16}"), which the reason keeps.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            return fn(q, k, v, is_causal=causal)
+        except RuntimeError as exc:
+            if isinstance(exc, torch.OutOfMemoryError):
+                raise
+            why = [str(w.message).strip().splitlines()[0] for w in caught]
+            detail = "; ".join(dict.fromkeys(w for w in why if w))  # each once, in order
+            reason = str(exc).strip().splitlines()[0] + (f" ({detail})" if detail else "")
+            raise Skip(f"unsupported: {reason[:600]}") from exc
+
+
 def measure(
     device: torch.device,
     context: dict,
@@ -61,12 +81,7 @@ def measure(
     grad_out = torch.randn_like(q)
     context["mode"] = "train"
     with kernel_ctx():
-        try:
-            out = fn(q, k, v, is_causal=causal)
-        except RuntimeError as exc:  # e.g. SDPA "No available kernel" for this backend × dtype × d
-            if isinstance(exc, torch.OutOfMemoryError):
-                raise
-            raise Skip(f"unsupported: {str(exc).splitlines()[0][:300]}") from exc
+        out = _first_call(fn, q, k, v, causal)
         check_attention(fn, check_shape((batch_size, num_heads), seq_len, head_dim), precision, causal, device)
         if line.compile:  # the check's shape must not make the timed shape's compilation dynamic
             torch._dynamo.reset()
