@@ -68,23 +68,22 @@ def imports(module: str, path: Path) -> list[tuple[int, str]]:
     return [(line, name) for line, name in found if name.split(".")[0] == "cs336sys"]
 
 
-def upward_arrows() -> list[str]:
+def arrows_of(module: str, path: Path) -> list[str]:
+    """The imports of ``module`` (source ``path``) that break the floors, one line each."""
     arrows = []
-    for module, path in MODULES.items():
-        mine = FLOORS.index(floor(module))
-        for line, target in imports(module, path):
-            theirs = FLOORS.index(floor(target))
-            if theirs > mine:
-                arrows.append(f"{path.relative_to(REPO)}:{line}: {module} ({floor(module)}) -> {target} ({floor(target)})")
-            elif (
-                floor(target) == "studies"
-                and floor(module) != "studies"
-                and target not in ("cs336sys.studies",)
-                and not module.startswith("cs336sys.studies")
-            ):
-                # above the studies, a study is reached through the registry (studies.report_module), never by path
-                arrows.append(f"{path.relative_to(REPO)}:{line}: {module} reaches into a study by path: {target}")
-    return sorted(set(arrows))
+    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    mine = FLOORS.index(floor(module))
+    for line, target in imports(module, path):
+        if FLOORS.index(floor(target)) > mine:
+            arrows.append(f"{where}:{line}: {module} ({floor(module)}) -> {target} ({floor(target)})")
+        elif floor(target) == "studies" and target != "cs336sys.studies" and floor(module) != "studies":
+            # above the studies, a study is reached through the registry (studies.report_module), never by path
+            arrows.append(f"{where}:{line}: {module} reaches into a study by path: {target}")
+    return arrows
+
+
+def upward_arrows() -> list[str]:
+    return sorted({arrow for module, path in MODULES.items() for arrow in arrows_of(module, path)})
 
 
 def test_every_import_points_to_the_same_floor_or_below():
@@ -104,3 +103,15 @@ def test_the_walker_sees_function_level_and_relative_imports(tmp_path):
 def test_every_module_has_a_floor_and_the_floors_exist():
     assert {floor(m) for m in MODULES} == set(FLOORS)
     assert floor("cs336sys.catalog") == "ground" and floor("cs336sys.analysis.metrics") == "analysis"
+
+
+def test_a_study_is_reached_through_the_registry_not_by_path(tmp_path):
+    path = tmp_path / "answers.py"
+    path.write_text("from cs336sys.studies import report_module\nfrom cs336sys.studies.e2e.report import PANELS\n")
+    assert [a.split(": ", 1)[1] for a in arrows_of("cs336sys.handout.answers", path)] == [
+        "cs336sys.handout.answers reaches into a study by path: cs336sys.studies.e2e.report"
+    ]
+    assert arrows_of("cs336sys.studies.warmup.report", path) == []  # one study may use another's report
+    down = tmp_path / "metrics.py"
+    down.write_text("def f():\n    from cs336sys.studies import STUDIES\n")
+    assert len(arrows_of("cs336sys.analysis.metrics", down)) == 1  # below the studies, not even the registry
