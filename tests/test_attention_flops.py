@@ -14,10 +14,10 @@ import torch
 
 from cs336sys import studies as S
 from cs336sys.analysis.metrics import add_derived
-from cs336sys.analysis.tables import load_study, merge_cells
 from cs336sys.measure import flops as F
 from cs336sys.models.sizes import MODEL_SIZES
-from cs336sys.pipeline.rows import write_csv_atomic
+from cs336sys.pipeline.merge import load_study, merge_cells
+from cs336sys.rows import write_csv_atomic
 
 H100 = "NVIDIA H100 80GB HBM3"
 H100_BF16_PEAK = 989.4

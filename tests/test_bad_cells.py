@@ -19,12 +19,12 @@ import pandas as pd
 import pytest
 
 from cs336sys import studies as S
-from cs336sys.analysis.compare import load_run
-from cs336sys.analysis.tables import load_study, merge_cells
 from cs336sys.cli import main
 from cs336sys.fileio import write_text_atomic
 from cs336sys.pipeline.config import validate_config
-from cs336sys.pipeline.rows import write_csv_atomic
+from cs336sys.pipeline.merge import load_study, merge_cells
+from cs336sys.rows import write_csv_atomic
+from cs336sys.runs.compare import load_run
 from workflow_helpers import REPO
 
 # ---------------------------------------------------------------- 1. output paths: only a regular file (or nothing) is replaced

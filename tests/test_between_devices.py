@@ -1,4 +1,4 @@
-"""Two machines of one kind (analysis.between_devices, analysis.compare_machines): synthetic runs, known answers; CPU only.
+"""Two machines of one kind (runs.between_devices, runs.compare_machines): synthetic runs, known answers; CPU only.
 
 A run is a directory of merged study CSVs. Rows: one (cell, mode, phase) each, a 95% interval of
 ``rel`` either side, the GPU busy share that sets the row's class, the GPU (``gpu_uuid``) and its kind.
@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cs336sys.analysis import between_devices as bd
-from cs336sys.analysis import compare as cmp
-from cs336sys.analysis.compare_machines import HOST_DEPENDENT, machines_of
+from cs336sys.runs import between_devices as bd
+from cs336sys.runs import compare as cmp
+from cs336sys.runs.compare_machines import HOST_DEPENDENT, machines_of
 
 ROOT = Path(__file__).resolve().parents[1]
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"

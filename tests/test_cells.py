@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 import torch
 
+from cs336sys import rows as row_schema
 from cs336sys.fileio import atomic_path, write_text_atomic
 from cs336sys.measure.env import environment
-from cs336sys.pipeline import rows as row_schema
 from cs336sys.pipeline.cells import FAULT_ENV, Cell, run_cell
-from cs336sys.pipeline.rows import ENV_COLUMNS, Skip, order_columns, rows_to_frame, write_csv_atomic
+from cs336sys.rows import ENV_COLUMNS, Skip, order_columns, rows_to_frame, write_csv_atomic
 
 # ---------------------------------------------------------------- measurements run in the child (module:function targets)
 

@@ -84,7 +84,7 @@ def test_resolver_tells_modules_attributes_and_neither_apart():
     assert unresolved("cs336sys.analysis") is None  # a package
     assert unresolved("cs336sys.analysis.metrics.PEAK_TFLOPS") is None  # module + attribute
     assert unresolved("cs336sys.TransformerLM") is None  # a lazy attribute, listed in __all__
-    assert unresolved("cs336sys.pipeline.rows.STATUSES") is None
+    assert unresolved("cs336sys.rows.STATUSES") is None
     assert unresolved("cs336sys.metrics").startswith("no module cs336sys.metrics")
     assert unresolved("cs336sys.models") is None
     assert unresolved("cs336sys.attention").startswith("no module cs336sys.attention")  # a word of the docstring is no attribute

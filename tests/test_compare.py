@@ -1,4 +1,4 @@
-"""Run comparison (cs336sys.analysis.compare) on synthetic runs with known answers; CPU only."""
+"""Run comparison (cs336sys.runs.compare) on synthetic runs with known answers; CPU only."""
 
 import os
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from cs336sys import studies as S
-from cs336sys.analysis import compare as cmp
+from cs336sys.runs import compare as cmp
 from workflow_helpers import DEMO, DEMO_RUN, configfile_args, copy_repo, parse_dry_run, snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,7 +251,7 @@ def test_old_run_matches_new_run_through_upgrade(tmp_path):
 @pytest.mark.slow  # a fresh interpreter
 def test_import_does_not_import_torch():
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    code = "import cs336sys.analysis.compare, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import cs336sys.runs.compare, sys; assert 'torch' not in sys.modules, 'torch imported'"
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
@@ -308,8 +308,8 @@ def test_workflow_compare_and_gate_measure_nothing(tmp_path):
 def test_an_interval_reaching_zero_still_judges_from_below():
     # a host-bound cell's interval can reach 0 (two passes, t with 1 degree of freedom): the ratio
     # is then bounded below only, so b can still be found slower, never faster, and shows ∞
-    from cs336sys.analysis.compare import compare_study
-    from cs336sys.analysis.compare_plot import ratio_text
+    from cs336sys.runs.compare import compare_study
+    from cs336sys.runs.compare_plot import ratio_text
 
     a = pd.DataFrame([row("wide", "inference", "forward", 10.0, 1.0, ENV_A), row("slow", "inference", "forward", 10.0, 1.0, ENV_A)])
     b = pd.DataFrame([row("wide", "inference", "forward", 12.0, 0.5, ENV_B), row("slow", "inference", "forward", 30.0, 0.05, ENV_B)])

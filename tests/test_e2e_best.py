@@ -7,10 +7,10 @@ import re
 
 import pandas as pd
 
-from cs336sys.analysis.answers import build, write_answers
-from cs336sys.analysis.answers_common import Run
-from cs336sys.analysis.answers_lm import fastest_configuration
 from cs336sys.analysis.metrics import add_derived
+from cs336sys.handout.answers import build, write_answers
+from cs336sys.handout.answers_common import Run
+from cs336sys.handout.answers_lm import fastest_configuration
 from cs336sys.studies.e2e.report import NOT_SEPARATED, SEPARATED, describe_config, fastest_per_size, findings
 
 H100 = "NVIDIA H100 80GB HBM3"

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from cs336sys.analysis.efficiency import sweep_efficiency
+from cs336sys.runs.efficiency import sweep_efficiency
 
 
 def _rows():

@@ -10,9 +10,9 @@ names the first pass's GPU only, so pass 1's GPU comes from its own cell file.
 import pandas as pd
 import pytest
 
-from cs336sys.analysis.efficiency import sweep_efficiency, sweep_summary
-from cs336sys.analysis.gpu_use import per_gpu_line, per_gpu_table, wall_time_ratio
-from cs336sys.analysis.report import write_report
+from cs336sys.runs.efficiency import sweep_efficiency, sweep_summary
+from cs336sys.runs.gpu_use import per_gpu_line, per_gpu_table, wall_time_ratio
+from cs336sys.runs.report import write_report
 
 T0 = pd.Timestamp("2026-01-01T00:00:00+00:00")
 UUID = {0: "GPU-aaaa", 1: "GPU-bbbb"}

@@ -419,8 +419,8 @@ def test_the_e2e_report_shows_j_per_step_watts_and_tokens_per_joule():
 
 
 def test_a_power_capped_step_is_said_with_its_watts_and_joules():
-    from cs336sys.analysis.answers_common import Run
-    from cs336sys.analysis.answers_lm import _power_capped
+    from cs336sys.handout.answers_common import Run
+    from cs336sys.handout.answers_lm import _power_capped
 
     rows = [
         _e2e_step("small", "bf16", 2.0, 1.9, 2.1, end_throttle_reasons="none", avg_power_w=300.0),
@@ -436,7 +436,7 @@ def test_a_power_capped_step_is_said_with_its_watts_and_joules():
 
 
 def test_the_comparison_shows_both_runs_j_per_step_and_their_ratio(tmp_path):
-    from cs336sys.analysis import compare as cmp
+    from cs336sys.runs import compare as cmp
 
     env = {"device_name": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-a"}
     a = [_e2e_step("small", "bf16", 2.0, 1.8, 2.2, **env), _e2e_step("large", "bf16", 5.0, **env)]

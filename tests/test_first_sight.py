@@ -14,9 +14,9 @@ import yaml
 from PIL import Image
 
 from cs336sys.analysis import plots
-from cs336sys.analysis.report import CPU_NOTE, on_cpu, write_report
 from cs336sys.cli import CPU_SIZES, main
 from cs336sys.pipeline.finish import finished_message, missing_report_message
+from cs336sys.runs.report import CPU_NOTE, on_cpu, write_report
 from workflow_helpers import DEMO, REPO
 
 

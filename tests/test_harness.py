@@ -22,7 +22,7 @@ from cs336sys.measure.timing import STEP, StepClock, summarize, time_steps
 from cs336sys.models.mha import MultiHeadAttention
 from cs336sys.models.model import TransformerLM
 from cs336sys.models.sizes import ModelSize, parameter_count
-from cs336sys.pipeline.rows import Skip
+from cs336sys.rows import Skip
 from cs336sys.studies.attention.measure import measure as measure_attention
 from cs336sys.studies.e2e.measure import measure as measure_e2e
 from cs336sys.studies.mha.measure import measure as measure_mha

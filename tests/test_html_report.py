@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cs336sys.analysis.html import Renderer, report_page, slug, table_page
+from cs336sys.runs.html import Renderer, report_page, slug, table_page
 from workflow_helpers import DEMO, DEMO_RUN, load_config, snakemake
 
 # a valid 1×1 PNG: Chromium decodes it, so an embedded figure has a natural width

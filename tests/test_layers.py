@@ -53,14 +53,16 @@ def demo_config():
 
 
 def _torch_free_modules() -> list[str]:
-    analysis = [f"cs336sys.analysis.{m.name}" for m in pkgutil.iter_modules([str(PACKAGE / "analysis")])]
+    # the toolkit below the studies and the two floors above the pipeline: the report, the answers, compare
+    analysis = [f"cs336sys.{floor}.{m.name}" for floor in ("analysis", "handout", "runs")
+                for m in pkgutil.iter_modules([str(PACKAGE / floor)]) if m.name != "__main__"]  # fmt: skip
     reports = [f"cs336sys.studies.{name}.report" for name in S.STUDIES]
     study_specs = [f"cs336sys.studies.{name}" for name in S.STUDIES]
     # documented as importable without torch: the workflow's parse time and the CLI's flag checks use them
-    others = ["cs336sys", "cs336sys.catalog", "cs336sys.studies", "cs336sys.pipeline.config", "cs336sys.pipeline.rows",
-              "cs336sys.pipeline.provenance", "cs336sys.models.sizes", "cs336sys.models.variants", "cs336sys.fileio",
-              "cs336sys.cli", "cs336sys.pipeline.warm"]  # fmt: skip
-    return ["cs336sys.analysis", *analysis, *study_specs, *reports, *others]
+    others = ["cs336sys", "cs336sys.catalog", "cs336sys.studies", "cs336sys.pipeline.config", "cs336sys.rows",
+              "cs336sys.provenance", "cs336sys.models.sizes", "cs336sys.models.variants", "cs336sys.fileio",
+              "cs336sys.cli", "cs336sys.pipeline.warm", "cs336sys.pipeline.merge", "cs336sys.plugins", "cs336sys.errors"]  # fmt: skip
+    return ["cs336sys.analysis", "cs336sys.handout", "cs336sys.runs", *analysis, *study_specs, *reports, *others]
 
 
 # A finder that lets every import through but remembers who asked for torch first.
@@ -89,7 +91,7 @@ else:
 @pytest.mark.slow  # a fresh interpreter per module
 def test_analysis_reports_cli_and_config_import_without_torch():
     modules = _torch_free_modules()
-    assert "cs336sys.analysis.tables" in modules and "cs336sys.studies.e2e.report" in modules
+    assert {"cs336sys.analysis.tables", "cs336sys.runs.report", "cs336sys.handout.answers", "cs336sys.studies.e2e.report"} <= set(modules)
     code = f"MODULES = {json.dumps(json.dumps(modules))}\n" + _IMPORT_PROBE
     culprit = _last_json(_python(code))
     assert culprit is None, f"importing {culprit['module']} imported torch, via: {culprit['by']}"
@@ -98,7 +100,7 @@ def test_analysis_reports_cli_and_config_import_without_torch():
 @pytest.mark.slow  # a fresh interpreter
 def test_the_torch_probe_itself_sees_torch():
     """The check above must fail when a module imports torch: a measurement module does."""
-    code = f"MODULES = {json.dumps(json.dumps(['cs336sys.pipeline.rows', 'cs336sys.measure.timing']))}\n" + _IMPORT_PROBE
+    code = f"MODULES = {json.dumps(json.dumps(['cs336sys.rows', 'cs336sys.measure.timing']))}\n" + _IMPORT_PROBE
     culprit = _last_json(_python(code))
     assert culprit is not None and culprit["module"] == "cs336sys.measure.timing"
     assert any("measure/timing.py" in frame for frame in culprit["by"]), culprit
@@ -112,7 +114,7 @@ _RUN_CELL = r"""
 import importlib, json, sys
 import torch
 import cs336sys.pipeline.cells  # the runner: the measuring child is this module's process
-from cs336sys.pipeline.rows import Skip
+from cs336sys.rows import Skip
 
 settings = json.loads(sys.argv[1] if len(sys.argv) > 1 else SETTINGS)
 module, _, name = settings["target"].partition(":")
@@ -194,7 +196,9 @@ def test_optional_backends_stay_out_of_the_cells_that_do_not_run_them():
         axes = next(iter(S.grid(study, validate_config(load_config(REPO, DEMO), SCHEMA)).values()))
         modules = S.cell_modules(study, axes)
         assert "cs336sys.pipeline.cells" in modules and f"cs336sys.studies.{study}.measure" in modules, study
-        assert not [m for m in modules if m.startswith("cs336sys.analysis") or m.endswith(".report")], (study, modules)
+        assert not [
+            m for m in modules if m.startswith(("cs336sys.analysis", "cs336sys.runs", "cs336sys.handout")) or m.endswith(".report")
+        ], (study, modules)
 
 
 # The cells whose hashes the edit test compares: name → (study, axes).
@@ -243,7 +247,7 @@ def src_copy(tmp_path_factory):
         ("measure/timing.py", set(HASH_CELLS)),  # the runner sets the timing policy: every cell
         ("pipeline/cells.py", set(HASH_CELLS)),  # the runner: every cell
         ("studies/mha/report.py", set()),  # figures and findings never rerun a measurement
-        ("analysis/report.py", set()),
+        ("runs/report.py", set()),
     ],
 )
 def test_an_edit_to_a_module_changes_exactly_the_hashes_of_the_cells_that_run_it(src_copy, edited, changed):

@@ -14,15 +14,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cs336sys.analysis import repeatability
-from cs336sys.analysis.answers import write_answers
-from cs336sys.analysis.answers_common import measured
 from cs336sys.analysis.findings import describe_ratio, percent_up
-from cs336sys.analysis.handout import main as handout_main
-from cs336sys.analysis.handout import rebase
 from cs336sys.analysis.metrics import add_derived
-from cs336sys.analysis.report import cell_table
+from cs336sys.handout.answers import write_answers
+from cs336sys.handout.answers_common import measured
+from cs336sys.handout.page import main as handout_main
+from cs336sys.handout.page import rebase
 from cs336sys.measure.stats import Interval
+from cs336sys.runs import repeatability
+from cs336sys.runs.report import cell_table
 from cs336sys.studies import cell_id, study
 from cs336sys.studies.e2e.paired import comparison, gpu_table, pair_labels, pair_spec, pair_table
 from cs336sys.studies.e2e.report import findings

@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from cs336sys import studies as S
-from cs336sys.analysis.partial import main, report_partial
 from cs336sys.pipeline.config import settings_snapshot, validate_config
-from cs336sys.pipeline.rows import write_csv_atomic
+from cs336sys.rows import write_csv_atomic
+from cs336sys.runs.partial import main, report_partial
 
 GRID = {"d_model": [16], "seq_len": [64, 128], "activation": ["softmax"], "impl": ["eager"], "causal": [True], "precision": ["fp32"]}
 

@@ -16,7 +16,7 @@ from cs336sys import studies as S
 from cs336sys.measure.correctness import check_attention
 from cs336sys.pipeline.config import validate_config
 from cs336sys.pipeline.config_file import ConfigError
-from cs336sys.pipeline.rows import STATUSES, Wrong
+from cs336sys.rows import STATUSES, Wrong
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests/fixtures/course_repo"
@@ -281,7 +281,7 @@ def test_the_cpu_demo_runs_the_users_code_and_reruns_exactly_its_cells_after_an_
     write_yaml(root / PLUGIN_FILE, PLUGIN_OVERLAY)
     result = snakemake(root, "--configfile", DEMO, PLUGIN_FILE)
     assert result.returncode == 0, result.describe()
-    from cs336sys.pipeline.rows import read_rows
+    from cs336sys.rows import read_rows
 
     e2e = read_rows(root / "results/cpu-demo/e2e.csv")
     assert set(e2e["model"]) == {MODEL} and set(e2e["status"]) == {"ok"}

@@ -172,10 +172,10 @@ def test_the_roofline_figure_is_drawn_for_a_study_with_countable_rows(tmp_path):
 
 
 def test_a_run_merged_before_the_columns_existed_still_reports_them(tmp_path):
-    from cs336sys.analysis.answers import write_answers
-    from cs336sys.analysis.plots import plot_study
-    from cs336sys.analysis.report import write_report
-    from cs336sys.analysis.tables import load_study
+    from cs336sys.handout.answers import write_answers
+    from cs336sys.pipeline.merge import load_study
+    from cs336sys.runs.figures import plot_study
+    from cs336sys.runs.report import write_report
 
     run = REPO / "results" / "h100-d06b0e7-a"
     studies = ["attention", "flash"]

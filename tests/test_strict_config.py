@@ -394,8 +394,8 @@ def test_cli_config_applies_device_memory_fraction_cache_dir_grid_and_timeout(mo
 def test_cli_config_applies_flags_to_the_derived_columns(monkeypatch, tmp_path):
     import pandas as pd
 
+    from cs336sys import rows
     from cs336sys.analysis import metrics
-    from cs336sys.pipeline import rows
 
     seen = {}
 

@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 
 from cs336sys import studies as S
-from cs336sys.analysis.tables import ALIASES, failures, load_study, merge_cells, of_kind, ok_rows, upgrade
+from cs336sys.analysis.tables import failures, of_kind, ok_rows
 from cs336sys.pipeline.config import validate_config
-from cs336sys.pipeline.rows import HEAD_COLUMNS, write_csv_atomic
+from cs336sys.pipeline.merge import ALIASES, load_study, merge_cells, upgrade
+from cs336sys.rows import HEAD_COLUMNS, write_csv_atomic
 from workflow_helpers import DEMO, REPO, load_config
 
 FIXTURE = REPO / "tests" / "fixtures" / "cpu-demo"  # tests/fixtures/make_demo_fixture.py rebuilds it

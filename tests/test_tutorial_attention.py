@@ -23,7 +23,7 @@ import torch
 from cs336sys import studies as S
 from cs336sys.models.variants import tutorial_unsupported
 from cs336sys.pipeline.config import ConfigError, validate_config
-from cs336sys.pipeline.rows import Skip
+from cs336sys.rows import Skip
 
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU:

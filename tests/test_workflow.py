@@ -21,7 +21,7 @@ import torch
 
 from cs336sys.measure.env import environment
 from cs336sys.pipeline.config import validate_config
-from cs336sys.pipeline.rows import ENV_COLUMNS, STATUSES
+from cs336sys.rows import ENV_COLUMNS, STATUSES
 from workflow_helpers import (
     DEMO,
     DEMO_RUN,

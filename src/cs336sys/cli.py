@@ -292,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from cs336sys.analysis.metrics import add_derived
     from cs336sys.pipeline.cells import Cell, run_cell
-    from cs336sys.pipeline.rows import rows_to_frame, write_csv_atomic
+    from cs336sys.rows import rows_to_frame, write_csv_atomic
 
     settings = S.cell_settings(args.study, axes, config, artifact_dir="cs336sys-artifacts")
     cell = Cell(**{**settings, "device": args.device}, timeout_s=args.timeout)

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from cs336sys import catalog
-from cs336sys.pipeline.config_file import ConfigError
-from cs336sys.pipeline.provenance import imported_names
+from cs336sys.errors import ConfigError
+from cs336sys.provenance import imported_names
 
 FORMS = ("adapter", "callable")  # adapter: a function returning an autograd.Function class (the course's tests/adapters.py)
 ATTENTION_STUDIES = ("attention", "flash")  # the studies that feed a core raw (batch, heads, L, d) tensors

@@ -19,7 +19,7 @@ from cs336sys.pipeline.priorities import callable_priorities, expected_seconds, 
 from cs336sys.pipeline.config import ConfigError, check_run_snapshot, settings_snapshot, validate_config
 from cs336sys.pipeline.config import SCHEMA_PATH  # package data: src/cs336sys/pipeline/config.schema.yaml
 from cs336sys.pipeline.config_file import check_layer, load_config_file
-from cs336sys.pipeline.provenance import file_hash, modules_hash, module_closure
+from cs336sys.provenance import file_hash, modules_hash, module_closure
 from cs336sys.pipeline.code_record import cell_file_hashes, record_path, rerun_notes
 
 try:
@@ -79,12 +79,12 @@ SCRIPTS = Path(workflow.basedir) / "workflow/scripts"
 SCRIPT_HASH = {p.name: file_hash(p) for p in SCRIPTS.glob("*.py")}
 # merge, figures and report hash the modules they import (report modules of the studies run)
 _REPORTS = [S.study(s).report_module for s in STUDIES]
-MERGE_CODE = modules_hash(module_closure(["cs336sys.analysis.tables"]))
+MERGE_CODE = modules_hash(module_closure(["cs336sys.pipeline.merge"]))
 # each study's figures hash its own report module: editing one study's figures replots only it
 PLOT_CODE = {
-    s: modules_hash(module_closure(["cs336sys.analysis.plots", S.study(s).report_module])) for s in STUDIES
+    s: modules_hash(module_closure(["cs336sys.runs.figures", S.study(s).report_module])) for s in STUDIES
 }
-REPORT_CODE = modules_hash(module_closure(["cs336sys.analysis.report", *_REPORTS]))
+REPORT_CODE = modules_hash(module_closure(["cs336sys.runs.report", *_REPORTS]))
 
 
 wildcard_constraints:
@@ -290,7 +290,7 @@ def nsys_args(wildcards):
 # --- comparing finished runs (compare.smk) ----------------------------------------------------
 # a run name, which cannot contain "-vs-": "<a>-vs-<b>" then splits one way only
 RUN_NAME = r"[A-Za-z0-9](?:(?!-vs-)[A-Za-z0-9.+-])*"
-COMPARE_CODE = modules_hash(module_closure(["cs336sys.analysis.compare"]))
+COMPARE_CODE = modules_hash(module_closure(["cs336sys.runs.compare"]))
 
 
 def compare_dir(root="report"):

@@ -1,4 +1,4 @@
-# Compare two finished runs cell by cell (cs336sys.analysis.compare): a report, and a gate for CI.
+# Compare two finished runs cell by cell (cs336sys.runs.compare): a report, and a gate for CI.
 #   snakemake report/compare/<a>-vs-<b>/report.md       baseline a, candidate b (results/<a>/, results/<b>/);
 #                                                        also report.html (one page, figures inside), compare.csv
 #   snakemake report/compare/<a>-vs-<b>/gate-1.05.txt   fails when a cell of b is slower beyond noise

@@ -113,7 +113,7 @@ rule report:
 
 
 # Each benchmarking question of the handout, answered from the merged CSVs (report/<run>/answers.md).
-ANSWERS_CODE = modules_hash(module_closure(["cs336sys.analysis.answers", *_REPORTS]))
+ANSWERS_CODE = modules_hash(module_closure(["cs336sys.handout.answers", *_REPORTS]))
 
 
 localrules:
@@ -142,7 +142,7 @@ rule answers:
 # report.md and answers.md as one HTML page, figures embedded (the report's landing page, through
 # ../report/workflow.rst), and each merged CSV as an HTML table: Snakemake's report shows HTML
 # results in the browser, while .md and .csv results are downloads. Both paths sit beside report.md.
-HTML_CODE = modules_hash(module_closure(["cs336sys.analysis.html"]))
+HTML_CODE = modules_hash(module_closure(["cs336sys.runs.html"]))
 
 
 localrules:

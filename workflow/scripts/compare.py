@@ -6,7 +6,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1] / "src"))  # scriptdir is workflow/rules/../scripts
 
 from cs336sys.pipeline.jobs import log_to
-from cs336sys.analysis.compare import gate, write_comparison
+from cs336sys.runs.compare import gate, write_comparison
 
 failure = None
 with log_to(snakemake.log[0]):

@@ -5,9 +5,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1] / "src"))  # scriptdir is workflow/rules/../scripts
 
-from cs336sys.pipeline.rows import write_csv_atomic
 from cs336sys.pipeline.jobs import log_to
-from cs336sys.analysis.tables import merge_cells
+from cs336sys.pipeline.merge import merge_cells
+from cs336sys.rows import write_csv_atomic
 
 with log_to(snakemake.log[0]):
     params = snakemake.params

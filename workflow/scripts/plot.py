@@ -6,8 +6,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1] / "src"))  # scriptdir is workflow/rules/../scripts
 
 from cs336sys.pipeline.jobs import log_to
-from cs336sys.analysis.plots import plot_study
-from cs336sys.analysis.tables import load_study
+from cs336sys.pipeline.merge import load_study
+from cs336sys.runs.figures import plot_study
 
 with log_to(snakemake.log[0]):
     study = snakemake.wildcards.study

@@ -5,9 +5,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1] / "src"))  # scriptdir is workflow/rules/../scripts
 
-from cs336sys.pipeline.jobs import log_to
-from cs336sys.analysis.report import write_report
 from cs336sys.pipeline.config import load_yaml
+from cs336sys.pipeline.jobs import log_to
+from cs336sys.runs.report import write_report
 
 with log_to(snakemake.log[0]):
     write_report(

@@ -14,7 +14,7 @@ overrides or extends the table. Peak DRAM bandwidth (``PEAK_GBPS``) sits beside 
 the bytes-moved and roofline columns (:mod:`cs336sys.analysis.roofline`).
 
 FLOPs are the one raw column that is counted again here: rows of an attention core
-(``Study.attention_shape``: studies ``attention`` and ``flash``) get theirs from their
+(``columns.ATTENTION_SHAPES``: studies ``attention`` and ``flash``) get theirs from their
 shape by today's convention (:mod:`cs336sys.measure.flops`), so a run measured under
 an older one (backward 2× before the FlashAttention papers' 2.5×) reads right when it
 is merged again; its times do not change.
@@ -30,9 +30,9 @@ import pandas as pd
 
 from cs336sys.analysis.energy import add_energy
 from cs336sys.analysis.roofline import add_roofline
+from cs336sys.columns import ATTENTION_SHAPES
 from cs336sys.measure.flops import attention_row_flops
 from cs336sys.measure.gpu_state import throttled  # NVML's reasons decoded once; torch-free
-from cs336sys.studies import STUDIES
 
 # Matched as peak_gbps matches (whole words of torch.cuda.get_device_name(), longest key first).
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
@@ -133,8 +133,7 @@ def recount_flops(df: pd.DataFrame) -> pd.DataFrame:
     """``flops`` of the attention cores' rows counted from their shape (module doc); a row that cannot say keeps its own."""
     if not {"study", "phase", "flops"} <= set(df.columns):
         return df
-    shapes = {name: STUDIES[name].attention_shape for name in df["study"].dropna().unique() if name in STUDIES}
-    shapes = {name: shape for name, shape in shapes.items() if shape is not None}
+    shapes = {name: ATTENTION_SHAPES[name] for name in df["study"].dropna().unique() if name in ATTENTION_SHAPES}
     if not shapes:
         return df
     out = df.assign(flops=pd.to_numeric(df["flops"], errors="coerce"))

@@ -1,4 +1,5 @@
-"""Figures, one function per figure kind, one shared style; ``plot_study`` picks them per study.
+"""Figures, one function per figure kind, one shared style; :func:`cs336sys.runs.figures.plot_study`
+picks them per study (from its report module).
 
 Every figure is a PNG whose title names the run, the device and the fixed settings;
 failed cells (oom, timeout, error) are drawn as ✕ markers at the top of the axes
@@ -30,7 +31,7 @@ import pandas as pd  # noqa: E402
 
 from cs336sys.analysis.figure_style import series_style, style_of, write_png  # noqa: E402, F401  (series_style: for callers)
 from cs336sys.analysis.markdown import MIB, size_key, value_key  # noqa: E402
-from cs336sys.pipeline.rows import Status  # noqa: E402
+from cs336sys.rows import Status  # noqa: E402
 
 OK = Status.OK.value
 
@@ -366,16 +367,3 @@ def plot_scaling(df: pd.DataFrame, path: Path, run: str, groups: Sequence[str], 
     shared_legend(axes, legend_ax)
     title(fig, run, df, what)
     return save(fig, path)
-
-
-def plot_study(study: str, df: pd.DataFrame, outdir: Path, run: str) -> list[Path]:
-    """All figures of ``study`` (from its report module) into ``outdir``; returns the files written."""
-    from cs336sys.studies import report_module
-
-    outdir.mkdir(parents=True, exist_ok=True)
-    plt.rcParams.update(STYLE)
-    if df.empty or not (df["status"] == OK).any():
-        jobs = [("no_cell_ran", lambda p: plot_no_cells(df, p, run, study))]
-    else:
-        jobs = report_module(study).figures(df, run)
-    return [draw(outdir / f"{name}.png") for name, draw in jobs]

@@ -1,7 +1,7 @@
 """Bytes moved, achieved bandwidth and the roofline: which roof binds a row. Torch-free.
 
 A row's ``bytes_moved`` are counted from its shape as its FLOPs are
-(:mod:`cs336sys.measure.bytes_moved`; attention cores by ``Study.attention_shape``, the
+(:mod:`cs336sys.measure.bytes_moved`; attention cores by ``columns.attention_shape``, the
 optimizer step from ``params``), never measured; ``bytes_note`` says why a row has none.
 From them and the median time:
 
@@ -25,9 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336sys.columns import TIMED_KINDS
+from cs336sys.columns import TIMED_KINDS, attention_shape
 from cs336sys.measure.bytes_moved import attention_row_bytes, optimizer_row_bytes
-from cs336sys.studies import STUDIES
 
 COLUMNS = ("bytes_moved", "bytes_note", "achieved_gbps", "peak_gbps", "bw_frac", "arith_intensity", "roof_tflops", "bound", "roofline_note")
 
@@ -37,9 +36,9 @@ def row_bytes(row: Mapping[str, object]) -> tuple[float | None, str]:
     kind = row.get("kind")
     if isinstance(kind, str) and kind not in TIMED_KINDS:
         return None, f"a row of kind {kind!r} (a paired ratio, no time of its own)"
-    study = STUDIES.get(str(row.get("study")))
-    if study is not None and study.attention_shape is not None:
-        return attention_row_bytes(row, study.attention_shape(row))
+    shape = attention_shape(row)
+    if shape is not None:
+        return attention_row_bytes(row, shape)
     if row.get("phase") == "optimizer_step":
         return optimizer_row_bytes(row)
     return None, f"study {row.get('study')!r}, phase {row.get('phase')!r}: bytes not counted (attention cores and the optimizer step are)"

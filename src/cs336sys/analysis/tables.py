@@ -1,90 +1,16 @@
-"""Reading and merging result CSVs: the one place per-cell files become a study table.
+"""Study tables as the report modules read them: the ok rows, the failures, the rows of one kind.
 
-Cell CSVs are checked against the row contract as they are merged
-(:mod:`cs336sys.analysis.cellcheck`): a bad one stops the merge, named. Text columns
-(commits, hosts, versions, cell ids: :data:`cs336sys.pipeline.rows.TEXT_COLUMNS`)
-are read as text from cell and merged CSVs alike.
-
-Runs committed before the axes got one name each (``ctx``, ``attn``, ``seq``,
-…) still load: :data:`ALIASES` renames their columns and their cell ids are
-rebuilt from the axes, so old and new runs compare cell by cell.
+A merged study CSV loads through :func:`cs336sys.pipeline.merge.load_study` (which also
+upgrades a run committed under older column names); these helpers only filter the table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from pathlib import Path
-
 import pandas as pd
 
-from cs336sys.analysis.cellcheck import read_cells
-from cs336sys.analysis.metrics import add_derived
-from cs336sys.analysis.passes import combine_passes
-from cs336sys.pipeline.rows import Status, order_columns, read_rows
-from cs336sys.studies import cell_id
-from cs336sys.studies import study as get_study
+from cs336sys.rows import Status
 
 OK = Status.OK.value
-# study → old column → axis name (runs measured before commit "one home per study")
-_LM = {"ctx": "context_length", "attn": "impl"}
-ALIASES: dict[str, dict[str, str]] = {
-    "e2e": _LM,
-    "warmup": {**_LM, "warmup": "warmup_steps"},
-    "profile": _LM,
-    "memory": _LM,
-    "attention": {"d": "d_model", "seq": "seq_len", "act": "activation"},
-    "mha": {"embed": "embed_dim", "heads": "num_heads", "seq": "seq_len", "m": "num_features"},
-    "flash": {"seq": "seq_len", "d": "head_dim", "heads": "num_heads"},
-}
-
-
-def upgrade(df: pd.DataFrame, study: str) -> pd.DataFrame:
-    """Rename an old run's axis columns and rebuild its cell ids; a no-op on current runs."""
-    renames = {old: new for old, new in ALIASES.get(study, {}).items() if old in df}
-    if not renames:
-        return df
-    df = df.drop(columns=[new for new in renames.values() if new in df]).rename(columns=renames)
-    axes = get_study(study).axes
-    if study == "memory" and "impl" not in df:
-        df["impl"] = "eager"  # a section-level setting then, eager in every committed run
-    if study == "e2e" and "cuda_graphs" not in df:
-        df["cuda_graphs"] = 0  # the axis did not exist yet
-    if set(axes) <= set(df.columns) and "cell_id" in df:
-        df["cell_id"] = [cell_id(study, dict(zip(axes, values))) for values in df[list(axes)].itertuples(index=False)]
-    return df[order_columns(df.columns, axes)]
-
-
-def merge_cells(
-    paths: Iterable[str | Path],
-    study: str,
-    peak_overrides: Mapping | None = None,
-    flags: Mapping | None = None,
-    floor_rel: float = 0.0,
-) -> pd.DataFrame:
-    """One study's cell CSVs (every pass, every status) as one table with derived metrics.
-
-    Each file must hold cell ``<its stem>`` of ``study`` by the row contract, or
-    :class:`cs336sys.analysis.cellcheck.BadCellError` names every file that does not.
-    The passes of a cell become one row per (cell, mode, phase), with intervals at
-    least ``floor_rel`` wide (:func:`cs336sys.analysis.passes.combine_passes`).
-    """
-    frames = read_cells(paths, study)
-    if not frames:
-        return pd.DataFrame(columns=["study", "cell_id", "status", "error"])
-    merged = pd.concat(frames, ignore_index=True, sort=False)
-    merged = combine_passes(merged, floor_rel, (flags or {}).get("min_gpu_busy", 0.9), get_study(study).axes)
-    merged = merged[order_columns(merged.columns, get_study(study).axes)]
-    return add_derived(merged, peak_overrides, flags)
-
-
-def load_study(path: str | Path, study: str | None = None) -> pd.DataFrame:
-    """A merged study CSV, text columns as text, an old run's columns renamed (:func:`upgrade`)."""
-    df = read_rows(path)
-    for column in ("error", "mode", "phase"):  # empty means "none" (a failure before any part), not NaN
-        if column in df:
-            df[column] = df[column].astype("object").fillna("")
-    study = study or (str(df["study"].iloc[0]) if "study" in df and len(df) else None)
-    return upgrade(df, study) if study else df
 
 
 def failures(df: pd.DataFrame) -> pd.DataFrame:

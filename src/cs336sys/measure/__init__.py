@@ -1,4 +1,4 @@
-"""Layer 2, measure: the measuring primitives every study uses — the one timing harness
+"""Floor 2, measure: the measuring primitives every study uses — the one timing harness
 (trials, CUDA events, intervals), the one memory routine, analytic FLOPs, the profiler's kernel
 tables, allocator snapshots, the GPU and host state, the environment columns, and the LM
 workload (``lm_steps``) that the LM studies time. No knowledge of studies or the workflow.

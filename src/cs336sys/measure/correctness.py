@@ -5,7 +5,7 @@ inputs the implementation got (rounded to the cell's dtype), on a small shape of
 class: the same head_dim, causal flag and precision, batch 2, one or two heads and at most
 128 positions. The forward output and, where the cell times a backward, dQ, dK and dV are
 compared by their largest error relative to the reference's largest magnitude; a failure
-raises :class:`pipeline.rows.Wrong`, which makes the cell a ``wrong`` row with that error
+raises :class:`cs336sys.rows.Wrong`, which makes the cell a ``wrong`` row with that error
 and no time.
 """
 
@@ -18,7 +18,7 @@ import torch
 
 from cs336sys.models.attention import relu_attention, softmax_attention
 from cs336sys.models.dtypes import tensor_dtype
-from cs336sys.pipeline.rows import Wrong
+from cs336sys.rows import Wrong
 
 CHECK_SEQ = 128  # positions of the check (or the cell's own, if fewer): a float64 L×L reference is cheap
 CHECK_BATCH = 2

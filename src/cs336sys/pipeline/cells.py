@@ -39,7 +39,7 @@ import torch
 
 from cs336sys.catalog import LM_STUDIES
 from cs336sys.pipeline.faults import FAULT_ENV, parse_fault_spec
-from cs336sys.pipeline.rows import Skip, Wrong
+from cs336sys.rows import Skip, Wrong
 
 PROGRESS_EVERY_S = 10.0
 OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)

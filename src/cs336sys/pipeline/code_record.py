@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cs336sys.fileio import write_text_atomic
-from cs336sys.pipeline.provenance import PACKAGE_DIR, file_hash, module_file
+from cs336sys.provenance import PACKAGE_DIR, file_hash, module_file
 
 SUFFIX = ".code.json"
 

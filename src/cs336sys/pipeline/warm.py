@@ -239,7 +239,7 @@ def _job(request: dict[str, Any], owner_pid: int | None = None) -> str:
     from cs336sys.pipeline.cells import Cell, run_cell
     from cs336sys.pipeline.jobs import log_to
     from cs336sys.pipeline.lifeline import pid_alive
-    from cs336sys.pipeline.rows import rows_to_frame, write_csv_atomic
+    from cs336sys.rows import rows_to_frame, write_csv_atomic
 
     with log_to(request["log"]):
         out = Path(request["output"])
@@ -332,7 +332,7 @@ def serve(path: Path, idle_s: float) -> None:
     import torch  # the import every cell used to pay; CUDA stays uninitialised
 
     import cs336sys.pipeline.cells  # noqa: F401
-    import cs336sys.pipeline.rows  # noqa: F401  (pandas)
+    import cs336sys.rows  # noqa: F401  (pandas)
 
     for failure in preload():
         print(f"not preloaded: {failure}", flush=True)

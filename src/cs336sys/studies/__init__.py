@@ -1,4 +1,4 @@
-"""Layer 3, studies: one package per study, found here by name.
+"""Floor 4, studies: one package per study, found here by name.
 
 A study package holds everything that makes the study: its spec in
 ``__init__.py`` (a :class:`Study`: axes, valid combinations, which settings
@@ -75,9 +75,6 @@ class Study:
     artifacts: bool = False  # measurement writes traces/snapshots: gets artifact_dir and cell_id
     cell_table: bool = True  # the report shows the per-cell timing table
     pairs: tuple[Pair, ...] = ()  # comparisons timed inside the base cell (its measure takes ``partners``)
-    # an attention core's rows: a row → (batch, heads, seq_len, head_dim, causal), from which the merge
-    # recounts the row's FLOPs (measure.flops.attention_row_flops), so a change of convention reaches old runs
-    attention_shape: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None = None
 
     @property
     def measure(self) -> str:
@@ -251,13 +248,13 @@ def _selected(name: str, axes: Axes) -> tuple[str, ...]:
 
 @functools.cache  # a study's cells share a few module sets: one parse of the workflow hashes each once
 def _modules(name: str, unused: tuple[str, ...], selected: tuple[str, ...]) -> tuple[str, ...]:
-    from cs336sys.pipeline.provenance import RUNNER, module_closure
+    from cs336sys.provenance import RUNNER, module_closure
 
     return tuple(module_closure([RUNNER, study(name).measure.partition(":")[0], *selected], exclude=unused))
 
 
 @functools.cache
 def _code_hash(name: str, unused: tuple[str, ...], selected: tuple[str, ...]) -> str:
-    from cs336sys.pipeline.provenance import modules_hash
+    from cs336sys.provenance import modules_hash
 
     return modules_hash(_modules(name, unused, selected))

@@ -19,5 +19,4 @@ STUDY = Study(
     axes=("d_model", "seq_len", "activation", "impl", "causal", "precision"),
     valid=lambda axes: is_valid(axes["impl"], axes["activation"]),  # SDPA has no ReLU: not a cell
     why_invalid=f"that impl × activation is not offered (valid: {_offered()})",
-    attention_shape=lambda row: (row.get("batch_size"), 1, row.get("seq_len"), row.get("d_model"), row.get("causal")),
 )

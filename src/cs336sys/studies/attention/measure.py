@@ -23,7 +23,7 @@ from cs336sys.measure.timing import StepClock, time_steps, timing_rows
 from cs336sys.models.attention import get_attention
 from cs336sys.models.dtypes import set_matmul_precision, tensor_dtype
 from cs336sys.models.variants import needs_cuda
-from cs336sys.pipeline.rows import Skip
+from cs336sys.rows import Skip
 
 
 def require_device(impl: str, device: torch.device) -> None:

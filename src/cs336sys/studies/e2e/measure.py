@@ -34,7 +34,7 @@ from cs336sys.measure.timing import STEP, StepClock, Timing, merge_timings, time
 from cs336sys.models.dtypes import set_matmul_precision
 from cs336sys.models.optim import make_optimizer
 from cs336sys.models.variants import MODES, needs_cuda
-from cs336sys.pipeline.rows import Skip
+from cs336sys.rows import Skip
 from cs336sys.studies import partner_name
 
 OWN, GRAPH = "own", partner_name("cuda_graphs", True)

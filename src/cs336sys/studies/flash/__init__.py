@@ -24,13 +24,6 @@ def _valid(axes: Axes) -> bool:
     return not catalog.lookup(axes["impl"]).why_unsupported(axes["seq_len"], axes["head_dim"], axes["precision"])
 
 
-def _attention_shape(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    causal = row.get("causal")
-    if causal is None or causal != causal:  # absent or NaN: rows did not say before the FLOP convention changed,
-        causal = True  # and every flash run until then was causal (the section's default; their config.yaml)
-    return row.get("batch_size"), row.get("num_heads"), row.get("seq_len"), row.get("head_dim"), causal
-
-
 STUDY = Study(
     name="flash",
     question="How fast are our Triton FlashAttention-2 kernels against SDPA's backends, Triton's tutorial kernel and eager PyTorch? (§1.3)",
@@ -42,5 +35,4 @@ STUDY = Study(
     ),
     extra_cells=_leaderboard,
     cell_keys=("leaderboard",),
-    attention_shape=_attention_shape,
 )

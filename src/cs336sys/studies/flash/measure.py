@@ -25,7 +25,7 @@ from cs336sys.measure.flops import attention_phase_flops
 from cs336sys.measure.timing import bench_stats
 from cs336sys.models.attention import resolve
 from cs336sys.models.dtypes import set_matmul_precision
-from cs336sys.pipeline.rows import Skip
+from cs336sys.rows import Skip
 from cs336sys.studies.attention.measure import qkv, require_device
 
 

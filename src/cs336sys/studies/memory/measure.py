@@ -20,7 +20,7 @@ import torch
 from cs336sys.measure import memory
 from cs336sys.measure.lm_steps import lm_steps, setup_lm
 from cs336sys.measure.timing import StepClock
-from cs336sys.pipeline.rows import Skip
+from cs336sys.rows import Skip
 
 TIMELINE_POINTS = 600  # per cell; enough for a figure, small enough for a merged CSV in git
 

@@ -9,7 +9,7 @@ import pandas as pd
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.plots import ok_cells, plt, save, title
 from cs336sys.analysis.tables import ok_rows
-from cs336sys.pipeline.rows import ENV_COLUMNS
+from cs336sys.rows import ENV_COLUMNS
 
 
 def plot_accumulation(df: pd.DataFrame, path: Path, run: str) -> Path:

@@ -7,7 +7,7 @@ same library calls as the merge, plots, report and answers rules, and names the 
 are missing (printed, and in the report), so the slice is never read as the whole grid. Rerunning the sweep later fills the grid and Snakemake
 replaces these files.
 
-    python -m cs336sys.analysis.partial results/h100-e2e-best
+    python -m cs336sys.runs.partial results/h100-e2e-best
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cs336sys import studies as S
-from cs336sys.analysis.answers import write_answers
-from cs336sys.analysis.plots import plot_study
-from cs336sys.analysis.report import write_report
-from cs336sys.analysis.tables import load_study, merge_cells
+from cs336sys.handout.answers import write_answers
 from cs336sys.pipeline.config import load_yaml
-from cs336sys.pipeline.rows import write_csv_atomic
+from cs336sys.pipeline.merge import load_study, merge_cells
+from cs336sys.rows import write_csv_atomic
+from cs336sys.runs.figures import plot_study
+from cs336sys.runs.report import write_report
 
 
 def study_cells(results: Path, study: str, config: dict) -> tuple[list[Path], list[str]]:
@@ -71,7 +71,7 @@ def report_partial(results: Path, report_dir: Path | None = None) -> dict[str, l
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cs336sys.analysis.partial", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m cs336sys.runs.partial", description=__doc__.split("\n\n")[0])
     parser.add_argument("results", type=Path, metavar="RUN_DIR", help="results/<run>: its config.yaml snapshot and <study>/cells/")
     parser.add_argument("--report-dir", type=Path, help="where report.md, answers.md and figures/ go (default report/<run>)")
     args = parser.parse_args(argv)

@@ -10,13 +10,14 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from cs336sys.analysis.efficiency import sweep_efficiency, sweep_summary
-from cs336sys.analysis.gpu_use import IDLE_GAP_S, per_gpu_line, per_gpu_table
 from cs336sys.analysis.markdown import md_table
-from cs336sys.analysis.tables import failures, load_study, ok_rows
+from cs336sys.analysis.tables import failures, ok_rows
 from cs336sys.columns import timed_kind
 from cs336sys.fileio import write_text_atomic
 from cs336sys.measure.flops import ATTENTION_BACKWARD_FACTOR, BACKWARD_FACTOR
+from cs336sys.pipeline.merge import load_study
+from cs336sys.runs.efficiency import sweep_efficiency, sweep_summary
+from cs336sys.runs.gpu_use import IDLE_GAP_S, per_gpu_line, per_gpu_table
 from cs336sys.studies import report_module
 from cs336sys.studies import study as get_study
 

@@ -1,9 +1,9 @@
 """Whether the rows of two compared runs were measured on one device or two, and what that does.
 
-A run's interval covers a rerun on its own device, not on another one. :mod:`cs336sys.analysis.compare`
+A run's interval covers a rerun on its own device, not on another one. :mod:`cs336sys.runs.compare`
 asks this module per row (its ``gpu_uuid``/``pass_gpu_uuid``; the host for CPU runs): on two devices
 the ratio's interval is widened by the between-device figure of the row's class
-(:mod:`cs336sys.analysis.between_devices`), and a host-bound row (GPU busy < 90% of the step in either
+(:mod:`cs336sys.runs.between_devices`), and a host-bound row (GPU busy < 90% of the step in either
 run) whose own intervals do not overlap is ``host-dependent``, not slower or faster, with the host
 probe (``host_launch_us``) and the GPU time as evidence; the gate ignores it. Unless both runs
 replayed its phases as CUDA graphs and that GPU time moved beyond its interval widened by the
@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from cs336sys.analysis import between_devices
-from cs336sys.analysis.between_devices import MIN_GPU_BUSY, different_devices, row_class, widen
 from cs336sys.analysis.passes import HOST_PROBE
-from cs336sys.analysis.repeatability import EAGER
 from cs336sys.columns import GPU_TIME_PREFIX
 from cs336sys.measure.stats import Interval, fmt_interval
+from cs336sys.runs import between_devices
+from cs336sys.runs.between_devices import MIN_GPU_BUSY, different_devices, row_class, widen
+from cs336sys.runs.repeatability import EAGER
 
 HOST_DEPENDENT = "host-dependent"
 
@@ -146,7 +146,7 @@ def machines_text(machines: Machines, runs: tuple[Mapping[str, pd.DataFrame], ..
     figures = ", ".join(f"{c} ±{v:.3g}" for c, v in sorted(machines.figures.items()))
     return [
         f"**Two machines** of one kind ({machines.device_name}; no GPU in common): each ratio's interval is widened by the "
-        f"between-device figure of its class ({figures}; `cs336sys/analysis/between_devices.yaml`), and host-bound rows "
+        f"between-device figure of its class ({figures}; `cs336sys/runs/between_devices.yaml`), and host-bound rows "
         f"whose own intervals do not overlap are `{HOST_DEPENDENT}`, not slower or faster. {host}",
         "",
     ]

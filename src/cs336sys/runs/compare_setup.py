@@ -1,6 +1,6 @@
 """What differs between two compared runs besides their numbers: the environment and the config.
 
-Used by :mod:`cs336sys.analysis.compare` for its report's "Environment" and "Config" sections.
+Used by :mod:`cs336sys.runs.compare` for its report's "Environment" and "Config" sections.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ as in the report: a finding where the interval excludes 1, "no difference within
 where it holds 1 and is tight, "unbounded" only where sampling ran out of its time
 budget (with the reason), otherwise "no significant difference" with what widened it.
 Every "not measured" answer starts with :data:`NOT_MEASURED`, so a page over several
-runs (:mod:`cs336sys.analysis.handout`) can take each answer from a run that measured it.
+runs (:mod:`cs336sys.handout.page`) can take each answer from a run that measured it.
 """
 
 from __future__ import annotations

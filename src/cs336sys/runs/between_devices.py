@@ -22,11 +22,11 @@ percentile would call five of them slower on two machines that differ in nothing
 So "slower across machines" means slower than any row of its class moved between two machines. The figures live in ``between_devices.yaml`` beside
 this module (package data), with the runs they came from, and are recomputed when runs arrive:
 
-    python -m cs336sys.analysis.between_devices results/<run-1> results/<run-2> [...] --write
+    python -m cs336sys.runs.between_devices results/<run-1> results/<run-2> [...] --write
 
 Across machines, a row's interval is its own interval widened to at least
 ``median / (1 + c)`` .. ``median * (1 + c)`` (a floor, like ``interval_floor_rel``: the figure
-already holds both runs' own noise); a paired ratio's likewise. ``analysis.compare`` uses it when
+already holds both runs' own noise); a paired ratio's likewise. ``runs.compare`` uses it when
 two runs share no GPU, and :func:`coverage` checks it: the share of run b's values inside run a's
 interval, within one machine and across machines. This module reads CSVs and YAML only.
 """
@@ -45,12 +45,12 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from cs336sys.analysis.compare_setup import config_diff, load_config
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.metrics import FLAG_DEFAULTS
 from cs336sys.analysis.passes import drift_class, pair_busy
-from cs336sys.analysis.repeatability import EAGER, GPU_TIME, PAIRED, run_measures
 from cs336sys.fileio import write_text_atomic
+from cs336sys.runs.compare_setup import config_diff, load_config
+from cs336sys.runs.repeatability import EAGER, GPU_TIME, PAIRED, run_measures
 
 FIGURES = Path(__file__).with_name("between_devices.yaml")
 QUANTILE = 0.95
@@ -242,16 +242,16 @@ def write(figures: Mapping[str, dict], path: Path = FIGURES, keep: Iterable[str]
     old = load(path)
     devices = {k: old[k] for k in keep if k in old and k not in figures} | dict(figures)
     header = (
-        "# Between-device component of an interval, per device kind and class of row (analysis/between_devices.py).\n"
+        "# Between-device component of an interval, per device kind and class of row (runs/between_devices.py).\n"
         "# rel: the largest |b/a - 1| (in log) among rows measured on two different GPUs of this kind (q95_rel: 95th percentile);\n"
-        "# recompute with: python -m cs336sys.analysis.between_devices results/<run> results/<run> ... --write\n"
+        "# recompute with: python -m cs336sys.runs.between_devices results/<run> results/<run> ... --write\n"
     )
     body = yaml.safe_dump({"quantile": QUANTILE, "devices": devices}, sort_keys=False, allow_unicode=True)
     return write_text_atomic(Path(path), header + body)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cs336sys.analysis.between_devices", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m cs336sys.runs.between_devices", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="*", type=Path, help="results/<run> directories of one grid, on two or more GPUs of one kind")
     parser.add_argument("--write", action="store_true", help=f"replace the figures of these runs' device kinds in {FIGURES.name}")
     parser.add_argument("--check", nargs=2, type=Path, metavar=("RUN_A", "RUN_B"),

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cs336sys.analysis.answers_common import Note, Run, device, links, not_measured, pct, section, size_order
-from cs336sys.analysis.answers_lm import eager_launches, is_wide
 from cs336sys.analysis.tables import ok_rows
-from cs336sys.studies.e2e.paired import GRAPH_CELL, PAIRED, busy_words, comparison, gpu_frame, timed, why_wide
-from cs336sys.studies.e2e.report import bf16_speedup
+from cs336sys.handout.answers_common import Note, Run, device, links, not_measured, pct, section, size_order
+from cs336sys.handout.answers_lm import eager_launches, is_wide
+from cs336sys.studies import report_module
+
+# study e2e's findings, through the registry (never a study's module by path)
+E2E = report_module("e2e")
+GRAPH_CELL, PAIRED, busy_words, comparison = E2E.GRAPH_CELL, E2E.PAIRED, E2E.busy_words, E2E.comparison
+gpu_frame, timed, why_wide, bf16_speedup = E2E.gpu_frame, E2E.timed, E2E.why_wide, E2E.bf16_speedup
 
 QA = list[tuple[str, str]]
 

@@ -4,7 +4,7 @@ Every number on the page is computed from the run's merged CSVs (with its 95% in
 where the rows carry one) by the studies' own report functions; a question whose study
 or grid values the run lacks gets "not measured in this run" and the config key to set.
 
-    python -m cs336sys.analysis.answers results/h200 --out report/h200/answers.md
+    python -m cs336sys.handout.answers results/h200 --out report/h200/answers.md
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cs336sys.analysis.answers_attention import answers_13, answers_121, answers_mha
-from cs336sys.analysis.answers_common import Run, device
-from cs336sys.analysis.answers_lm import answers_113
-from cs336sys.analysis.answers_precision import answers_115
-from cs336sys.analysis.answers_profile import answers_114, answers_116
-from cs336sys.analysis.tables import load_study
 from cs336sys.fileio import write_text_atomic
+from cs336sys.handout.answers_attention import answers_13, answers_121, answers_mha
+from cs336sys.handout.answers_common import Run, device
+from cs336sys.handout.answers_lm import answers_113
+from cs336sys.handout.answers_precision import answers_115
+from cs336sys.handout.answers_profile import answers_114, answers_116
 from cs336sys.pipeline.config import load_yaml
+from cs336sys.pipeline.merge import load_study
 from cs336sys.studies import STUDIES
 
 # (handout section, the function that answers its questions from a run)
@@ -36,7 +36,7 @@ SECTIONS: list[tuple[str, Callable[[Run], list[tuple[str, str]]]]] = [
     ("ReLU vs softmax, exact vs Performer attention (study `mha`)", answers_mha),
 ]
 
-NOT_ANSWERED = "not answered: computing this section failed (a bug in cs336sys.analysis.answers)"
+NOT_ANSWERED = "not answered: computing this section failed (a bug in cs336sys.handout.answers)"
 ANSWER_RULES = """\
 medians in ms with their 95% interval [low, high] where the run recorded one; the GPU time of a phase (the same
 phase replayed as a CUDA graph) beside its eager wall time where the run measured it; ratios paired in one
@@ -47,7 +47,7 @@ otherwise *no significant difference*, with what widened it"""
 INTRO = (
     """\
 Each question of the handout's benchmarking sections, paraphrased in bold, then its answer computed from
-this run's merged CSVs (`results/{run}/*.csv`) by `cs336sys.analysis.answers`. Device: {device}. The tables,
+this run's merged CSVs (`results/{run}/*.csv`) by `cs336sys.handout.answers`. Device: {device}. The tables,
 the definitions and the figures are in [report.md](report.md).
 
 How to read the numbers: """
@@ -91,7 +91,7 @@ def discover(results: Path) -> dict[str, Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cs336sys.analysis.answers", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m cs336sys.handout.answers", description=__doc__.split("\n\n")[0])
     parser.add_argument("results", type=Path, metavar="RUN_DIR", help="results/<run>: its merged <study>.csv files")
     parser.add_argument("--out", type=Path, help="output file (default report/<run>/answers.md)")
     parser.add_argument("--run", help="run name (default: the directory name)")

@@ -16,7 +16,7 @@ sweep's span, its idle gaps between cells, and the tail: how long before the swe
 end each GPU ran out of cells. A merged multi-pass row names its first pass's GPU
 only; the other passes' GPUs come from their own cell files (``results/<run>/<study>/
 cells/pass<k>/``) where those are at hand, else those jobs are counted as on no
-named GPU. The per-GPU figures themselves: :mod:`cs336sys.analysis.gpu_use`.
+named GPU. The per-GPU figures themselves: :mod:`cs336sys.runs.gpu_use`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Mapping
 
 import pandas as pd
 
-from cs336sys.analysis.gpu_use import SweepSummary, summarize
+from cs336sys.runs.gpu_use import SweepSummary, summarize
 
 GPU = ["gpu_index", "gpu_uuid"]
 

@@ -13,7 +13,7 @@ the eager rows, their GPU time (the same phase replayed as CUDA graphs: the
 ``gpu_*`` columns) and the paired ratios (``kind=pair`` rows: run 2's ratio inside
 run 1's interval), each a population with its own noise (``measures.csv``).
 
-    python -m cs336sys.analysis.repeatability results/<run-a> results/<run-b> --out report/<name>
+    python -m cs336sys.runs.repeatability results/<run-a> results/<run-b> --out report/<name>
 
 (report/h100-repeatability paired runs h100-e2e-a, -b and -c, in git at 506a3f9; docs/results.md.)
 """
@@ -29,10 +29,11 @@ import pandas as pd
 
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.metrics import add_flags
-from cs336sys.analysis.tables import OK, load_study
+from cs336sys.analysis.tables import OK
 from cs336sys.columns import GPU_TIME_PREFIX as GPU
 from cs336sys.columns import PAIR_KIND, timed_kind
 from cs336sys.fileio import write_text_atomic
+from cs336sys.pipeline.merge import load_study
 
 KEYS = ["study", "cell_id", "mode", "phase"]
 MOVED = 0.05  # a repeat that differs by more than this share must be flagged in both runs

@@ -3,11 +3,11 @@
 A run answers its own slice of the handout (the default sweep, the e2e grid, the profiles…);
 this page puts the slices together. Runs are tried in the order given; a question takes the
 answer of the first run whose answer is not "not measured in this run" (or a failed section),
-names that run and links its report. The answers are :mod:`cs336sys.analysis.answers`' own,
+names that run and links its report. The answers are :mod:`cs336sys.handout.answers`' own,
 computed by the same per-section functions; their links are rewritten to point into the
 run's report folder.
 
-    python -m cs336sys.analysis.handout --out report/handout/h100.md results/h100 results/h100-e2e results/h100-profile
+    python -m cs336sys.handout --out report/handout/h100.md results/h100 results/h100-e2e results/h100-profile
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from cs336sys.analysis.answers import ANSWER_RULES, NOT_ANSWERED, SECTIONS, discover, section_answers
-from cs336sys.analysis.answers_common import Run, device, measured
-from cs336sys.analysis.tables import load_study
 from cs336sys.fileio import write_text_atomic
+from cs336sys.handout.answers import ANSWER_RULES, NOT_ANSWERED, SECTIONS, discover, section_answers
+from cs336sys.handout.answers_common import Run, device, measured
 from cs336sys.pipeline.config import load_yaml
+from cs336sys.pipeline.merge import load_study
 
 # a markdown link whose target is relative to the run's report folder (not a URL, an anchor or an absolute path)
 _RELATIVE_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)([^)\s]+)\)", re.I)
@@ -57,7 +57,7 @@ def build(runs: Sequence[Run], report_links: dict[str, str]) -> str:
     lines = [f"# Answers to the CS336 assignment 2 benchmarking questions — runs {names}", ""]
     lines += [
         "Each question of the handout's benchmarking sections, paraphrased in bold, answered from the first of these runs "
-        "that measured it (tried in this order; the run is named before its answer) by `cs336sys.analysis.handout`.",
+        "that measured it (tried in this order; the run is named before its answer) by `cs336sys.handout.page`.",
         "",
         f"How to read the numbers: {ANSWER_RULES}.",
         "",
@@ -91,7 +91,7 @@ def write_handout(out: Path, results: Sequence[Path], reports: Path = Path("repo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cs336sys.analysis.handout", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m cs336sys.handout", description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", type=Path, metavar="RUN_DIR", help="results/<run> directories, in the order to try them")
     parser.add_argument("--out", type=Path, required=True, help="the page to write, e.g. report/handout/h100.md")
     parser.add_argument(

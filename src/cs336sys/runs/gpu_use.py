@@ -1,7 +1,7 @@
 """One GPU's part of a sweep: its cell jobs, busy time, idle gaps and when it ran out of cells.
 
 A sweep on N GPUs (``--resources gpu=N``) ends when its last cell does: a GPU whose cells
-ran out early sat idle for the tail. From one row per cell job (analysis.efficiency reads
+ran out early sat idle for the tail. From one row per cell job (runs.efficiency reads
 them from the rows and cell files), per GPU: busy time (its measuring processes' spans,
 overlaps merged) as a share of the sweep's span, idle gaps between its cells longer than a
 job's start-up, and the end of its last cell. GPUs that measured one after another (a run

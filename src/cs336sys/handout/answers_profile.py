@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cs336sys.analysis.answers_common import (
+from cs336sys.analysis.findings import MIB
+from cs336sys.handout.answers_common import (
     Note,
     Run,
     device,
@@ -19,11 +20,14 @@ from cs336sys.analysis.answers_common import (
     section,
     size_order,
 )
-from cs336sys.analysis.answers_lm import eager_rows
-from cs336sys.analysis.findings import MIB
+from cs336sys.handout.answers_lm import eager_rows
 from cs336sys.measure.flops import attention_core_flops
-from cs336sys.studies.memory.report import largest_allocations, memory_summary
-from cs336sys.studies.profile.report import non_matmul_kernels, profile_answers
+from cs336sys.studies import report_module
+
+# the studies' findings, through the registry (never a study's module by path)
+MEMORY, PROFILE = report_module("memory"), report_module("profile")
+largest_allocations, memory_summary = MEMORY.largest_allocations, MEMORY.memory_summary
+non_matmul_kernels, profile_answers = PROFILE.non_matmul_kernels, PROFILE.profile_answers
 
 QA = list[tuple[str, str]]
 # Softmax work per attention score: max, subtract, exp, sum, divide (the report's FLOP convention

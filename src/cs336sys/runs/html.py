@@ -6,7 +6,7 @@ Snakemake's HTML report shows an HTML result in the page itself (an iframe) but 
 (workflow/report/workflow.rst), which includes the report page: tables, findings and figures are
 the first thing a reader sees.
 
-The Markdown read here is what our reports write (analysis.report, analysis.answers, md_table):
+The Markdown read here is what our reports write (runs.report, handout.answers, md_table):
 ATX headings, paragraphs, pipe tables with tabulate's alignment row, fenced code, "- " lists,
 and inline code, **bold**, *italic* or _italic_, [links](…) and ![images](…). The project has no
 Markdown dependency; docutils, which Snakemake brings, reads only reStructuredText.

@@ -9,17 +9,19 @@ import re
 import pandas as pd
 
 from cs336sys import catalog
-from cs336sys.analysis.answers_common import Note, Run, cannot_measure, device, first, links, listing, mib, not_measured, num, section
 from cs336sys.analysis.findings import oom_frontier, paired_ratios, scaling_slopes
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.metrics import peak_tflops
 from cs336sys.analysis.roofline import with_roofline
 from cs336sys.analysis.tables import ok_rows
-from cs336sys.studies.attention.report import GROUPS, PANELS, memory_check
-from cs336sys.studies.e2e.paired import PAIRED, comparison, gpu_notes
-from cs336sys.studies.flash.report import INDEX as FLASH_INDEX
-from cs336sys.studies.mha.report import GROUPS as MHA_GROUPS
-from cs336sys.studies.mha.report import METRICS
+from cs336sys.handout.answers_common import Note, Run, cannot_measure, device, first, links, listing, mib, not_measured, num, section
+from cs336sys.studies import report_module
+
+# the studies' figures and findings, through the registry (never a study's module by path)
+ATTENTION, E2E, FLASH, MHA = (report_module(s) for s in ("attention", "e2e", "flash", "mha"))
+GROUPS, PANELS, memory_check = ATTENTION.GROUPS, ATTENTION.PANELS, ATTENTION.memory_check
+PAIRED, comparison, gpu_notes = E2E.PAIRED, E2E.comparison, E2E.gpu_notes
+FLASH_INDEX, MHA_GROUPS, METRICS = FLASH.INDEX, MHA.GROUPS, MHA.METRICS
 
 QA = list[tuple[str, str]]
 SHAPE = ["seq_len", "head_dim", "precision", "num_heads"]

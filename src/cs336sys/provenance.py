@@ -1,4 +1,4 @@
-"""Content hashes of the source files a job runs, so reruns follow content, not mtimes.
+"""Ground floor: content hashes of the source files a job runs, so reruns follow content, not mtimes.
 
 The files are derived, not listed by hand: :func:`module_closure` walks the
 ``cs336sys`` imports (top-level and inside functions) of a cell's measurement
@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 PACKAGE = "cs336sys"
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = Path(__file__).resolve().parent
 RUNNER = "cs336sys.pipeline.cells"  # the measuring process runs this for every cell
 
 

@@ -1,4 +1,4 @@
-"""The row schema every cell CSV follows, and the one way rows become a file.
+"""Ground floor: the row schema every cell CSV follows, and the one way rows become a file.
 
 A row is one measured (cell, mode, phase) or one typed record (``kind``) of a
 cell. Every row carries the head columns, the cell's axes, its measurements and

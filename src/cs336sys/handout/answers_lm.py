@@ -6,14 +6,19 @@ import math
 
 import pandas as pd
 
-from cs336sys.analysis.answers_common import Note, Run, device, first, links, listing, not_measured, num, pct, section, size_order, times
 from cs336sys.analysis.energy import power_capped
 from cs336sys.analysis.findings import stopped_on_budget
 from cs336sys.analysis.markdown import is_empty, md_table
 from cs336sys.analysis.tables import ok_rows
-from cs336sys.studies.e2e.paired import GRAPH_CELL, PAIRED, REPLAY, busy_words, comparison, gpu_frame, timed, why_wide
-from cs336sys.studies.e2e.report import NOT_SEPARATED, SEPARATED, backward_forward_ratio, describe_config, fastest_per_size
-from cs336sys.studies.warmup.report import warmup_effect
+from cs336sys.handout.answers_common import Note, Run, device, first, links, listing, not_measured, num, pct, section, size_order, times
+from cs336sys.studies import report_module
+
+# the studies' figures and findings, through the registry (never a study's module by path)
+E2E, WARMUP = report_module("e2e"), report_module("warmup")
+GRAPH_CELL, PAIRED, REPLAY, busy_words, comparison = E2E.GRAPH_CELL, E2E.PAIRED, E2E.REPLAY, E2E.busy_words, E2E.comparison
+gpu_frame, timed, why_wide = E2E.gpu_frame, E2E.timed, E2E.why_wide
+NOT_SEPARATED, SEPARATED, backward_forward_ratio = E2E.NOT_SEPARATED, E2E.SEPARATED, E2E.backward_forward_ratio
+describe_config, fastest_per_size, warmup_effect = E2E.describe_config, E2E.fastest_per_size, WARMUP.warmup_effect
 
 QA = list[tuple[str, str]]
 EAGER_LAUNCHES = {"compile": 0, "cuda_graphs": 0}  # the handout's plain PyTorch step

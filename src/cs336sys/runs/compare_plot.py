@@ -1,7 +1,7 @@
 """How a run comparison is shown: the ratio figure (one point per cell, b/a median time with its
 interval) and the text of the report's markdown tables.
 
-Kept apart from :mod:`cs336sys.analysis.compare` so that the table logic stays short; like it,
+Kept apart from :mod:`cs336sys.runs.compare` so that the table logic stays short; like it,
 this module imports no torch and nothing else from cs336sys.
 """
 

@@ -2,7 +2,7 @@
 
 A cell CSV holds a header and at least one row; every row has the head columns
 (``study``, ``cell_id``, ``status``, ``error``) and the study's axes, a status from
-:data:`cs336sys.pipeline.rows.STATUSES`, and the cell id of the file it is in (the
+:data:`cs336sys.rows.STATUSES`, and the cell id of the file it is in (the
 workflow names a cell's file after its id, ``<cell_id>.csv``) and that its axes make.
 A header-only file would vanish from the merge and the report would count one cell
 fewer; garbage would become a junk row and column; a missing ``status`` would crash the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336sys.pipeline.rows import HEAD_COLUMNS, STATUSES, parse_rows
+from cs336sys.rows import HEAD_COLUMNS, STATUSES, parse_rows
 from cs336sys.studies import cell_id
 from cs336sys.studies import study as get_study
 

@@ -6,7 +6,7 @@ make any cell slower?". Two runs' merged study CSVs (``results/<run>/<study>.csv
 (b.low/a.high, b.high/a.low from the runs' 95 % intervals) and a verdict that calls a cell slower or
 faster only when the two intervals do not overlap, so noise is not reported as change. A gate
 (``--fail-above``) turns the table into a CI check. Runs measured before the axes' renaming load through
-:func:`cs336sys.analysis.tables.load_study`, so an old run and a new one match cell by cell. This is the
+:func:`cs336sys.pipeline.merge.load_study`, so an old run and a new one match cell by cell. This is the
 analysis layer: it reads CSVs and YAML only and never imports torch or the measurement code.
 
 Verdicts: ``slower`` when b's interval lies entirely above a's, ``faster`` entirely below, ``same``
@@ -15,7 +15,7 @@ Regressions (see :func:`regressions`): verdict ``slower`` with ratio > ``fail_ab
 change from ok to a failure (oom, error, timeout). Cells present in one run only are reported, not gated.
 
 Two runs that share no GPU: intervals widened by the between-device figures, host-bound rows that
-moved ``host-dependent`` (not gated); see :mod:`cs336sys.analysis.compare_machines`.
+moved ``host-dependent`` (not gated); see :mod:`cs336sys.runs.compare_machines`.
 Exactly two runs are compared (baseline a, candidate b); compare more by calling this once per pair.
 Read compare.csv with ``keep_default_na=False``: pandas otherwise reads the verdict "n/a" as NaN.
 """
@@ -32,15 +32,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from cs336sys.analysis import compare_machines, compare_plot
-from cs336sys.analysis.compare_machines import HOST_DEPENDENT, Machines, evidence, machines_of, machines_text, row_gpus
-from cs336sys.analysis.compare_plot import cell_text, cells_md, md
-from cs336sys.analysis.compare_setup import config_diff, environment_diff, load_config
-from cs336sys.analysis.html import report_page
 from cs336sys.analysis.passes import HOST_PROBE
-from cs336sys.analysis.tables import load_study
 from cs336sys.columns import GPU_TIME_PREFIX, timed_kind
 from cs336sys.fileio import atomic_path, write_text_atomic
+from cs336sys.pipeline.merge import load_study
+from cs336sys.runs import compare_machines, compare_plot
+from cs336sys.runs.compare_machines import HOST_DEPENDENT, Machines, evidence, machines_of, machines_text, row_gpus
+from cs336sys.runs.compare_plot import cell_text, cells_md, md
+from cs336sys.runs.compare_setup import config_diff, environment_diff, load_config
+from cs336sys.runs.html import report_page
 
 KEYS = ("cell_id", "mode", "phase")
 FAILED = frozenset({"oom", "error", "timeout", "wrong"})  # wrong: failed its float64 check
@@ -354,7 +354,7 @@ def gate(run_dirs: Sequence[Path], names: Sequence[str], fail_above: float, out:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cs336sys.analysis.compare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m cs336sys.runs.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs=2, type=Path, metavar="RUN_DIR", help="baseline, then candidate: results/<run>")
     parser.add_argument("--out", type=Path, help="output directory (default report/compare/<a>-vs-<b>)")
     parser.add_argument("--names", nargs=2, metavar=("A", "B"), help="run names (default: the directory names)")
