@@ -40,7 +40,7 @@ from workflow_helpers import DEMO, REPO, copy_repo, deep_update, load_config, sn
 
 NAN, INF = math.nan, math.inf
 TINY = {"d_model": 64, "d_ff": 256, "num_layers": 2, "num_heads": 4}
-STUDIES = "choose from e2e, warmup, attention, mha, flash, profile, memory, precision"
+STUDIES = "choose from attention, e2e, flash, memory, mha, precision, profile, warmup"  # the registry's order
 NAME_RULE = "letters, digits, '.', '+', '-', starting with a letter or digit"
 
 
@@ -114,7 +114,7 @@ CONFIG_CASES = {
     "unknown-size": ("e2e.grid.size", ["tiny", "huge"], ["'e2e.grid.size'", "'huge'", "known sizes: small, medium, large, xl, 2.7B, tiny"]),
     # studies and grids that make nothing to run
     "studies-empty": ("studies", [], ["'studies'", "should be non-empty", STUDIES]),
-    "unknown-study": ("studies", ["e2e", "flsh"], ["'studies.1'", "'flsh'", "['e2e', 'warmup', 'attention'"]),
+    "unknown-study": ("studies", ["e2e", "flsh"], ["'studies.1'", "'flsh'", "['attention', 'e2e', 'flash'"]),
     "studies-duplicate": ("studies", ["e2e", "e2e"], ["'studies'", "non-unique"]),
     "studies-a-string": ("studies", "e2e", ["'studies'", "not of type 'array'"]),
     "mha-no-divisible-embed-dim": ("mha.grid.embed_dim", [30, 50], ["'mha.grid'", "no valid cell", "embed_dim must be divisible by num_heads", "embed_dim [30, 50]"]),
