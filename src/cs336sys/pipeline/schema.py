@@ -11,6 +11,8 @@ catalog (``cs336sys.catalog``), plug-ins' included.
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,16 @@ FRAGMENT_KEYS = ("description", "grid", "settings")
 REQUIRED_SETTINGS = ("timeout_s", "resources")
 
 
+@functools.lru_cache(maxsize=64)
+def _parsed(text: str) -> Any:
+    return yaml.safe_load(text)
+
+
+def _read(path: Path) -> Any:
+    """The YAML file's data, parsed once per content: validation reads the schema twice, each workflow job's parse again."""
+    return copy.deepcopy(_parsed(path.read_text()))
+
+
 def fragment_path(name: str) -> Path:
     """The schema fragment of study ``name``: ``schema.yaml`` in its package."""
     package = importlib.import_module(f"cs336sys.studies.{name}")
@@ -43,7 +55,7 @@ def study_section(name: str, axes: tuple[str, ...]) -> dict[str, Any]:
     path = fragment_path(name)
     if not path.is_file():
         raise RuntimeError(f"study {name!r} has no config schema: add {path} (docs/adding-a-study.md)")
-    fragment = yaml.safe_load(path.read_text())
+    fragment = _read(path)
     if not isinstance(fragment, dict) or set(fragment) - set(FRAGMENT_KEYS) or not isinstance(fragment.get("grid"), dict):
         raise RuntimeError(f"{path}: a study's schema is a mapping of {', '.join(FRAGMENT_KEYS)} (grid: one entry per axis)")
     grid, settings = fragment["grid"], fragment.get("settings") or {}
@@ -64,7 +76,7 @@ def load_schema(schema_path: str | Path = SCHEMA_PATH) -> dict:
     """The whole schema: ``schema_path``'s run-wide keys, each registered study's section, the ``impl`` names."""
     from cs336sys import studies as S  # the registry imports each study's package; none imports torch
 
-    schema = yaml.safe_load(Path(schema_path).read_text())
+    schema = _read(Path(schema_path))
     props = schema.setdefault("properties", {})
     clash = sorted(set(props) & set(S.STUDIES))
     if clash:
