@@ -89,6 +89,7 @@ CONFIG_CASES = {
     "peak-tflops-nan": ("peak_tflops", {"H100": {"bf16": NAN}}, ["'peak_tflops.H100.bf16'", "a number >= 0.01 and <= 10000"]),
     "peak-tflops-negative": ("peak_tflops", {"H100": {"fp32": -1.0}}, ["'peak_tflops.H100.fp32'", "minimum of 0"]),
     "peak-tflops-unknown-precision": ("peak_tflops", {"H100": {"fp8": 1.0}}, ["'peak_tflops.H100.fp8'", "fp32, tf32, bf16"]),
+    "peak-gbps-nan": ("peak_gbps", {"H100": NAN}, ["'peak_gbps.H100'", "a number >= 1 and <= 100000"]),
     "min-measure-nan": ("e2e.min_measure_s", NAN, ["'e2e.min_measure_s'", "a number >= 0 and <= 3600"]),
     "min-warmup-inf": ("attention.min_warmup_s", INF, ["'attention.min_warmup_s'", "a number >= 0 and <= 3600"]),
     "min-measure-negative": ("mha.min_measure_s", -0.5, ["'mha.min_measure_s'", "minimum of 0"]),
