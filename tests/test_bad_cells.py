@@ -251,7 +251,7 @@ import json, runpy, sys
 from types import SimpleNamespace as N
 job = json.loads(sys.argv[1])
 snakemake = N(scriptdir=job["scriptdir"], input=job["input"], output=job["output"], log=job["log"],
-              wildcards=N(study="attention"), params=N(peak_tflops={}, flags={}, floor_rel=0.0))
+              wildcards=N(study="attention"), params=N(peak_tflops={}, peak_gbps={}, flags={}, floor_rel=0.0))
 runpy.run_path(job["scriptdir"] + "/merge.py", init_globals={"snakemake": snakemake})
 """
 

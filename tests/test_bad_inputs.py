@@ -40,7 +40,7 @@ from workflow_helpers import DEMO, REPO, copy_repo, deep_update, load_config, sn
 
 NAN, INF = math.nan, math.inf
 TINY = {"d_model": 64, "d_ff": 256, "num_layers": 2, "num_heads": 4}
-STUDIES = "choose from e2e, warmup, attention, mha, flash, profile, memory, precision"
+STUDIES = "choose from attention, e2e, flash, memory, mha, precision, profile, warmup"  # the registry's order
 NAME_RULE = "letters, digits, '.', '+', '-', starting with a letter or digit"
 
 
@@ -89,6 +89,7 @@ CONFIG_CASES = {
     "peak-tflops-nan": ("peak_tflops", {"H100": {"bf16": NAN}}, ["'peak_tflops.H100.bf16'", "a number >= 0.01 and <= 10000"]),
     "peak-tflops-negative": ("peak_tflops", {"H100": {"fp32": -1.0}}, ["'peak_tflops.H100.fp32'", "minimum of 0"]),
     "peak-tflops-unknown-precision": ("peak_tflops", {"H100": {"fp8": 1.0}}, ["'peak_tflops.H100.fp8'", "fp32, tf32, bf16"]),
+    "peak-gbps-nan": ("peak_gbps", {"H100": NAN}, ["'peak_gbps.H100'", "a number >= 1 and <= 100000"]),
     "min-measure-nan": ("e2e.min_measure_s", NAN, ["'e2e.min_measure_s'", "a number >= 0 and <= 3600"]),
     "min-warmup-inf": ("attention.min_warmup_s", INF, ["'attention.min_warmup_s'", "a number >= 0 and <= 3600"]),
     "min-measure-negative": ("mha.min_measure_s", -0.5, ["'mha.min_measure_s'", "minimum of 0"]),
@@ -114,7 +115,7 @@ CONFIG_CASES = {
     "unknown-size": ("e2e.grid.size", ["tiny", "huge"], ["'e2e.grid.size'", "'huge'", "known sizes: small, medium, large, xl, 2.7B, tiny"]),
     # studies and grids that make nothing to run
     "studies-empty": ("studies", [], ["'studies'", "should be non-empty", STUDIES]),
-    "unknown-study": ("studies", ["e2e", "flsh"], ["'studies.1'", "'flsh'", "['e2e', 'warmup', 'attention'"]),
+    "unknown-study": ("studies", ["e2e", "flsh"], ["'studies.1'", "'flsh'", "['attention', 'e2e', 'flash'"]),
     "studies-duplicate": ("studies", ["e2e", "e2e"], ["'studies'", "non-unique"]),
     "studies-a-string": ("studies", "e2e", ["'studies'", "not of type 'array'"]),
     "mha-no-divisible-embed-dim": ("mha.grid.embed_dim", [30, 50], ["'mha.grid'", "no valid cell", "embed_dim must be divisible by num_heads", "embed_dim [30, 50]"]),

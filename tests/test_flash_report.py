@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cs336sys.analysis.tables import load_study
+from cs336sys.pipeline.merge import load_study
 from cs336sys.studies.flash import report as flash_report
 from workflow_helpers import REPO
 
@@ -27,7 +27,7 @@ def test_a_backend_that_refuses_says_why_from_sdpas_warnings():
     import pytest
     import torch
 
-    from cs336sys.pipeline.rows import Skip
+    from cs336sys.rows import Skip
     from cs336sys.studies.flash.measure import _first_call
 
     def refusing(q, k, v, is_causal):

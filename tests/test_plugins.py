@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from cs336sys import catalog, plugins
 from cs336sys import studies as S
@@ -17,6 +16,7 @@ from cs336sys.measure.correctness import check_attention
 from cs336sys.pipeline.config import validate_config
 from cs336sys.pipeline.config_file import ConfigError
 from cs336sys.rows import STATUSES, Wrong
+from workflow_helpers import DEMO, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests/fixtures/course_repo"
@@ -31,7 +31,7 @@ def section(path=FIXTURE, **extra):
 
 
 def demo_config(plugins_section, **overrides):
-    config = yaml.safe_load((REPO / "config/cpu-demo.yaml").read_text())
+    config = load_config(REPO, DEMO)  # as the workflow reads it: config.yaml, the demo over it
     config["plugins"] = plugins_section
     config["attention"]["grid"]["impl"] = ["eager", "course-flash", "no-scale"]
     config["flash"]["grid"]["impl"] = ["eager", "course-flash"]
@@ -225,7 +225,7 @@ def test_editing_a_kernel_changes_exactly_the_hashes_of_its_cells(tmp_path):
 
 
 def test_a_cell_without_plugins_keeps_its_params_and_hash():
-    plain = validate_config(yaml.safe_load((REPO / "config/cpu-demo.yaml").read_text()))
+    plain = validate_config(load_config(REPO, DEMO))
     with_plugins = validate_config(demo_config(section()), check_imports="")
     for study in ("attention", "flash", "e2e"):
         for cell, axes in S.grid(study, plain).items():

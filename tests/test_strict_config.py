@@ -399,17 +399,17 @@ def test_cli_config_applies_flags_to_the_derived_columns(monkeypatch, tmp_path):
 
     seen = {}
 
-    def derived(frame, overrides=None, flags=None):
-        seen.update(overrides=overrides, flags=flags)
+    def derived(frame, overrides=None, flags=None, gbps_overrides=None):
+        seen.update(overrides=overrides, flags=flags, gbps=gbps_overrides)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cells_module, "run_cell", lambda *a, **k: [])
     monkeypatch.setattr(rows, "rows_to_frame", lambda *a, **k: pd.DataFrame())
     monkeypatch.setattr(metrics, "add_derived", derived)
-    path = _tiny_file(tmp_path, "flags: {noisy_rel: 0.2}\npeak_tflops: {cpu: {fp32: 0.5}}\n")
+    path = _tiny_file(tmp_path, "flags: {noisy_rel: 0.2}\npeak_tflops: {cpu: {fp32: 0.5}}\npeak_gbps: {cpu: 50}\n")
     with pytest.raises(KeyboardInterrupt):
         main(["e2e", "--config", str(path), "--size", "tiny", "--device", "cpu"])
-    assert seen["flags"]["noisy_rel"] == 0.2 and seen["overrides"] == {"cpu": {"fp32": 0.5}}
+    assert seen["flags"]["noisy_rel"] == 0.2 and seen["overrides"] == {"cpu": {"fp32": 0.5}} and seen["gbps"] == {"cpu": 50}
 
 
 CLI_REJECTED = {

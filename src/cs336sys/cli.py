@@ -42,7 +42,7 @@ RUN_FLAGS = ("device", "timeout", "memory_fraction", "config", "csv")
 DEFAULT_TIMEOUT_S = 1800.0
 # what `--config FILE` may hold: these top-level keys and the study's own section (a flag wins over the file);
 # every other key is refused by name, never ignored
-CONFIG_APPLIES = ("device", "memory_fraction", "cache_dir", "extra_sizes", "peak_tflops", "flags", "plugins")
+CONFIG_APPLIES = ("device", "memory_fraction", "cache_dir", "extra_sizes", "peak_tflops", "peak_gbps", "flags", "plugins")
 CONFIG_REFUSES = {"interval_floor_rel": "it widens merged intervals, and the CLI prints one cell's rows unmerged"}
 SECTION_REFUSES = {"passes": "the CLI measures one pass of one cell", "resources": "job resources of a workflow run"}
 
@@ -133,7 +133,7 @@ def _config_file(args: argparse.Namespace, parser: argparse.ArgumentParser) -> d
     unknown = [key for key in base if key not in known]
     if unknown:
         parser.error(f"--config {args.config}: unknown config key {unknown[0]!r} (allowed at the top level: {', '.join(known)})")
-    for key in ("extra_sizes", "peak_tflops", args.study):
+    for key in ("extra_sizes", "peak_tflops", "peak_gbps", args.study):
         if base.get(key) is not None and not isinstance(base[key], dict):
             parser.error(f"--config {args.config}: config key {key!r} must be a mapping, not {type(base[key]).__name__}")
     refused = []
@@ -188,7 +188,8 @@ def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
         args.device = base.get("device", "auto")
     config = {key: copy.deepcopy(base[key]) for key in CONFIG_APPLIES if key in base}
     config.update(run="cli", device="cuda" if args.device == "auto" else args.device, check_local_cuda=False, studies=[args.study],
-                  extra_sizes={**CPU_SIZES, **(base.get("extra_sizes") or {})}, peak_tflops=base.get("peak_tflops") or {})  # fmt: skip
+                  extra_sizes={**CPU_SIZES, **(base.get("extra_sizes") or {})}, peak_tflops=base.get("peak_tflops") or {},
+                  peak_gbps=base.get("peak_gbps") or {})  # fmt: skip
     config[args.study] = section
     if args.memory_fraction is not None:
         config["memory_fraction"] = args.memory_fraction
@@ -219,7 +220,7 @@ def _name_flags(message: str, args: argparse.Namespace, values: Mapping[str, Any
 
     message = re.sub(rf"config key '{args.study}\.(?:grid\.)?(\w+?)(?:\.\d+)?'", name, message)
     if args.config:  # top-level keys that no flag set (main checked the flags' values before)
-        message = re.sub(r"config key '((?:device|memory_fraction|cache_dir|extra_sizes|peak_tflops|flags)(?:\.[^']*)?)'",
+        message = re.sub(r"config key '((?:device|memory_fraction|cache_dir|extra_sizes|peak_tflops|peak_gbps|flags)(?:\.[^']*)?)'",
                          rf"config key '\1' (in --config {args.config})", message)  # fmt: skip
     axes = " ".join(_flag_text(axis, values[axis]) for axis in spec.axes)
     return re.sub(r"these flags: no valid cell: (.*?) \(this grid: [^\n]*\)", rf"these flags make no valid cell ({axes}): \1", message)
@@ -304,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  … {part} ({elapsed_s:.0f} s)", file=sys.stderr, flush=True)
 
     rows = run_cell(cell, start_method="fork", progress=progress)
-    frame = add_derived(rows_to_frame(rows, cell.axes), config["peak_tflops"], config["flags"])
+    frame = add_derived(rows_to_frame(rows, cell.axes), config["peak_tflops"], config["flags"], config["peak_gbps"])
     if args.device == "auto" and (frame.get("device") == "cpu").all():
         print("note: no CUDA device found; ran on CPU (memory columns stay empty)", file=sys.stderr)
     if args.csv:

@@ -17,7 +17,7 @@ from cs336sys.pipeline.gpulock import visible_gpus
 from cs336sys.pipeline.jobs import cell_threads
 from cs336sys.pipeline.priorities import callable_priorities, expected_seconds, job_priorities
 from cs336sys.pipeline.config import ConfigError, check_run_snapshot, settings_snapshot, validate_config
-from cs336sys.pipeline.config import SCHEMA_PATH  # package data: src/cs336sys/pipeline/config.schema.yaml
+from cs336sys.pipeline.config import SCHEMA_PATH  # package data, with studies/*/schema.yaml
 from cs336sys.pipeline.config_file import check_layer, load_config_file
 from cs336sys.provenance import file_hash, modules_hash, module_closure
 from cs336sys.pipeline.code_record import cell_file_hashes, record_path, rerun_notes

@@ -48,6 +48,7 @@ rule merge:
         f"logs/{RUN}/merge/{{study}}.log",
     params:
         peak_tflops=config["peak_tflops"],
+        peak_gbps=config["peak_gbps"],
         flags=config["flags"],
         floor_rel=config["interval_floor_rel"],
         code=MERGE_CODE,

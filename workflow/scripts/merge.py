@@ -11,5 +11,7 @@ from cs336sys.rows import write_csv_atomic
 
 with log_to(snakemake.log[0]):
     params = snakemake.params
-    merged = merge_cells(snakemake.input, snakemake.wildcards.study, params.peak_tflops, params.flags, params.floor_rel)
+    merged = merge_cells(
+        snakemake.input, snakemake.wildcards.study, params.peak_tflops, params.flags, params.floor_rel, params.peak_gbps
+    )
     write_csv_atomic(merged, snakemake.output[0])

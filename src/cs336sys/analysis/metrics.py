@@ -11,7 +11,8 @@ H100 PCIe: 51.2 / 378 / 756; H100 NVL: 60 / 417.5 / 835; A100: 19.5 / 156 / 312.
 A device not in the table gets no MFU (empty, with the reason), never a guess.
 A config's ``peak_tflops`` mapping (device-name substring → precision → TFLOP/s)
 overrides or extends the table. Peak DRAM bandwidth (``PEAK_GBPS``) sits beside it, for
-the bytes-moved and roofline columns (:mod:`cs336sys.analysis.roofline`).
+the bytes-moved and roofline columns (:mod:`cs336sys.analysis.roofline`), and a config's
+``peak_gbps`` mapping (device-name substring → GB/s) overrides or extends that one.
 
 FLOPs are the one raw column that is counted again here: rows of an attention core
 (``columns.ATTENTION_SHAPES``: studies ``attention`` and ``flash``) get theirs from their
@@ -145,11 +146,15 @@ def recount_flops(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def add_derived(
-    df: pd.DataFrame, overrides: Mapping[str, Mapping[str, float]] | None = None, flags: Mapping[str, float] | None = None
+    df: pd.DataFrame,
+    overrides: Mapping[str, Mapping[str, float]] | None = None,
+    flags: Mapping[str, float] | None = None,
+    gbps_overrides: Mapping[str, float] | None = None,
 ) -> pd.DataFrame:
     """Add ``tflops``, ``mfu_pct`` (+ ``mfu_note``), ``tokens_per_s``, the trust flags, energy and roofline columns where the inputs exist.
 
-    An attention core's ``flops`` are counted again first (:func:`recount_flops`).
+    An attention core's ``flops`` are counted again first (:func:`recount_flops`). ``overrides`` and
+    ``gbps_overrides``: the config's ``peak_tflops`` and ``peak_gbps``, ahead of the built-in tables.
     """
     out = add_flags(df, flags)
     if out.empty:
@@ -169,5 +174,5 @@ def add_derived(
     if "tokens" in out:
         out["tokens_per_s"] = pd.to_numeric(out["tokens"], errors="coerce") / median_s
     out = add_energy(out)  # tokens per joule (analysis.energy)
-    out = add_roofline(out, overrides)  # bytes moved, bandwidth and the roofline (analysis.roofline)
+    out = add_roofline(out, overrides, gbps_overrides)  # bytes moved, bandwidth and the roofline (analysis.roofline)
     return out

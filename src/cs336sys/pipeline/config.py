@@ -2,8 +2,9 @@
 
 Errors name the offending key as a dotted path (``e2e.batch_size``) and what is
 allowed, all before any job starts. The schema's ``default:`` values are the
-only defaults: validation writes them into the config, so the workflow, the CLI
-and the report all see the same complete settings.
+only defaults (``pipeline.schema`` assembles it: the run-wide keys, then each
+study's own section): validation writes them into the config, so the workflow,
+the CLI and the report all see the same complete settings.
 
 Strict on purpose: an integer key takes no float (``2.0``) and a number key no bool; a pattern's
 ``$`` is the end of the text (Python's ``$`` also matches before a final newline); a run of more
@@ -24,13 +25,9 @@ from typing import Any
 import jsonschema
 import yaml
 
-from cs336sys import catalog
 from cs336sys.models.sizes import MODEL_SIZES, known_sizes
 from cs336sys.pipeline.config_file import ConfigError, check_size, load_yaml  # the strict reader, its limits
-
-# package data (pyproject.toml) beside this module, so that a non-editable install finds it; the workflow
-# (common.smk) validates against the same file
-SCHEMA_PATH = Path(__file__).resolve().with_name("config.schema.yaml")
+from cs336sys.pipeline.schema import SCHEMA_PATH, load_schema  # the run-wide keys and each study's section, assembled
 
 # top-level keys in every cell's params (studies.cell_settings): changing one remeasures every cell of a run
 RUN_WIDE_KEYS = ("device", "memory_fraction", "cache_dir")
@@ -95,17 +92,6 @@ def _bounds_text(schema: Mapping[str, Any]) -> str:
 
 def _copy(value: Any) -> Any:
     return yaml.safe_load(yaml.safe_dump(value))
-
-
-def load_schema(schema_path: str | Path = SCHEMA_PATH) -> dict:
-    """The schema, with each study's ``impl`` names filled in from the implementation catalog."""
-    schema = yaml.safe_load(Path(schema_path).read_text())
-    for study in catalog.STUDIES:
-        grid = schema.get("properties", {}).get(study, {}).get("properties", {}).get("grid", {})
-        impl = grid.get("properties", {}).get("impl")
-        if impl is not None:  # a schema without the study (a test's) has nothing to fill
-            impl["items"] = {"enum": list(catalog.names(study))}
-    return schema
 
 
 def validate_schema(config: dict, schema_path: str | Path = SCHEMA_PATH) -> None:

@@ -59,6 +59,7 @@ def merge_cells(
     peak_overrides: Mapping | None = None,
     flags: Mapping | None = None,
     floor_rel: float = 0.0,
+    peak_gbps: Mapping | None = None,
 ) -> pd.DataFrame:
     """One study's cell CSVs (every pass, every status) as one table with derived metrics.
 
@@ -73,7 +74,7 @@ def merge_cells(
     merged = pd.concat(frames, ignore_index=True, sort=False)
     merged = combine_passes(merged, floor_rel, (flags or {}).get("min_gpu_busy", 0.9), get_study(study).axes)
     merged = merged[order_columns(merged.columns, get_study(study).axes)]
-    return add_derived(merged, peak_overrides, flags)
+    return add_derived(merged, peak_overrides, flags, peak_gbps)
 
 
 def load_study(path: str | Path, study: str | None = None) -> pd.DataFrame:

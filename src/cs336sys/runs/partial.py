@@ -57,7 +57,8 @@ def report_partial(results: Path, report_dir: Path | None = None) -> dict[str, l
         present, missing[study] = study_cells(results, study, config)
         if not present:
             continue
-        merged = merge_cells(present, study, config["peak_tflops"], config["flags"], config["interval_floor_rel"])
+        merged = merge_cells(present, study, config["peak_tflops"], config["flags"], config["interval_floor_rel"],
+                             config.get("peak_gbps"))  # a run snapshotted before peak_gbps existed has none  # fmt: skip
         csvs[study] = results / f"{study}.csv"
         write_csv_atomic(merged, csvs[study])
         figures.append(report_dir / "figures" / study)

@@ -55,7 +55,7 @@ output once, the L×L scores and probabilities included, within 7% of Nsight Com
 compiled: S and P written and read once; fused kernels: Q, K, V, O and the log-sum-exp once, a lower
 bound) and the AdamW step (80 bytes a parameter for the course's, 28 for PyTorch's fused one);
 `bytes_note` says why a row has none. `achieved_gbps` = bytes / median time; `bw_frac` = achieved
-/ the GPU's peak DRAM bandwidth (`peak_gbps`, from `cs336sys.analysis.metrics.PEAK_GBPS`);
+/ the GPU's peak DRAM bandwidth (`peak_gbps`, from `cs336sys.analysis.metrics.PEAK_GBPS`, overridable by the config's `peak_gbps`);
 `arith_intensity` = FLOPs / bytes; `roof_tflops` = min(peak TFLOP/s, intensity × peak bandwidth),
 the roofline's ceiling at that intensity, and `bound` says which roof is the lower one (`memory` or
 `compute`); `roofline_note` says why a value is empty.

@@ -2,12 +2,14 @@
 
 A study package holds everything that makes the study: its spec in
 ``__init__.py`` (a :class:`Study`: axes, valid combinations, which settings
-reach the measurement), its measurement in ``measure.py`` (torch, run in the
-measuring child) and its figures and findings in ``report.py`` (pandas and
-matplotlib, never torch). This module finds the packages, so adding a study is
-its package plus its config section and schema (docs/adding-a-study.md); the
-workflow's rule loop, the CLI, the cell ids, the rerun hashes, the merge and
-the report all come from the registry. Importing it does not import torch.
+reach the measurement), its config section with every default in
+``schema.yaml`` (``pipeline.schema`` assembles the workflow's schema from them),
+its measurement in ``measure.py`` (torch, run in the measuring child) and its
+figures and findings in ``report.py`` (pandas and matplotlib, never torch).
+This module finds the packages, so adding a study is its package
+(docs/adding-a-study.md); the workflow's rule loop, the config schema, the CLI,
+the cell ids, the rerun hashes, the merge and the report all come from the
+registry. Importing it does not import torch.
 """
 
 from __future__ import annotations
