@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
+from cell_kwargs import cell_kwargs
 from cs336sys import studies as S
 from cs336sys.analysis.metrics import add_derived
 from cs336sys.measure import flops as F
@@ -139,9 +140,17 @@ def test_the_flash_and_attention_measurements_write_the_new_count():
     from cs336sys.studies.flash.measure import measure as flash
 
     cpu = torch.device("cpu")
-    rows = list(flash(cpu, {}, seq_len=128, head_dim=64, precision="fp32", impl="eager", num_heads=3, batch_size=2, causal=False, rep_ms=1))
+    rows = list(
+        flash(
+            cpu,
+            {},
+            **cell_kwargs(
+                "flash", seq_len=128, head_dim=64, precision="fp32", impl="eager", num_heads=3, batch_size=2, causal=False, rep_ms=1
+            ),
+        )
+    )
     assert {r["phase"]: r["flops"] for r in rows} == {p: HAND[p] for p in ("forward", "backward", "forward_backward")}
     assert {r["causal"] for r in rows} == {0}  # so a re-merge need not guess it
-    rows = list(attention(cpu, {}, d_model=64, seq_len=128, activation="softmax", impl="eager", causal=1, precision="fp32",
-                          batch_size=6, warmup_steps=1, measure_steps=2))  # fmt: skip
+    rows = list(attention(cpu, {}, **cell_kwargs("attention", d_model=64, seq_len=128, activation="softmax", impl="eager", causal=1, precision="fp32",
+                                                 batch_size=6, warmup_steps=1, measure_steps=2)))  # fmt: skip
     assert {r["phase"]: r["flops"] for r in rows if r["phase"] in HAND} == {p: 0.5 * HAND[p] for p in ("forward", "backward", "step")}

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
+from cell_kwargs import cell_kwargs
 from cs336sys.studies.memory.measure import measure as measure_memory
 from cs336sys.studies.profile.measure import measure as measure_profile
 
@@ -16,9 +17,9 @@ TINY = {"tiny": {"d_model": 64, "d_ff": 128, "num_layers": 2, "num_heads": 4}}
 
 @pytest.mark.gpu
 def test_memory_cell_rows_on_cuda(tmp_path):
-    rows = pd.DataFrame(measure_memory(torch.device("cuda"), {}, size="tiny", context_length=64, precision="fp32",
-                                       mode="train", batch_size=2, vocab_size=100, extra_sizes=TINY,
-                                       artifact_dir=str(tmp_path), cell_id="tiny"))  # fmt: skip
+    rows = pd.DataFrame(measure_memory(torch.device("cuda"), {}, **cell_kwargs("memory", size="tiny", context_length=64, precision="fp32",
+                                                                               mode="train", batch_size=2, vocab_size=100, extra_sizes=TINY,
+                                                                               artifact_dir=str(tmp_path), cell_id="tiny")))  # fmt: skip
     summary = rows[rows["kind"] == "summary"].iloc[0]
     assert summary["peak_mem_bytes"] >= summary["mem_before_bwd_bytes"] > 0
     assert summary["residual_activation_bytes"] == 2 * 64 * 64 * 4
@@ -30,9 +31,9 @@ def test_memory_cell_rows_on_cuda(tmp_path):
 
 @pytest.mark.gpu
 def test_profile_cell_rows_on_cuda(tmp_path):
-    rows = pd.DataFrame(measure_profile(torch.device("cuda"), {}, size="tiny", context_length=64, precision="fp32",
-                                        warmup_steps=1, measure_steps=2, profile_steps=2, batch_size=2, vocab_size=100,
-                                        extra_sizes=TINY, artifact_dir=str(tmp_path), cell_id="tiny"))  # fmt: skip
+    rows = pd.DataFrame(measure_profile(torch.device("cuda"), {}, **cell_kwargs("profile", size="tiny", context_length=64, precision="fp32",
+                                                                                warmup_steps=1, measure_steps=2, profile_steps=2, batch_size=2, vocab_size=100,
+                                                                                extra_sizes=TINY, artifact_dir=str(tmp_path), cell_id="tiny")))  # fmt: skip
     kernels = rows[(rows["kind"] == "kernel") & (rows["mode"] == "train")]
     assert {"forward", "backward", "optimizer_step"} <= set(kernels["phase"])
     shares = kernels.groupby("phase")["share_of_phase"].sum()

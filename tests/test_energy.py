@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
+from cell_kwargs import cell_kwargs
 from cs336sys.analysis.energy import add_energy
 from cs336sys.analysis.metrics import add_derived
 from cs336sys.analysis.passes import combine_passes, widen
@@ -299,8 +300,8 @@ TINY = {"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2}}
 def test_cpu_rows_have_the_energy_columns_empty_with_a_reason():
     from cs336sys.studies.e2e.measure import measure
 
-    rows = list(measure(CPU, {}, size="tiny", context_length=8, precision="fp32", batch_size=2, vocab_size=100,
-                        warmup_steps=1, measure_steps=2, extra_sizes=TINY, partners=({"cuda_graphs": True}, {"precision": "bf16"})))  # fmt: skip
+    rows = list(measure(CPU, {}, **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32", batch_size=2, vocab_size=100,
+                                               warmup_steps=1, measure_steps=2, extra_sizes=TINY, partners=({"cuda_graphs": True}, {"precision": "bf16"}))))  # fmt: skip
     timed = [r for r in rows if r.get("kind") != "pair" and "median_ms" in r]
     assert timed
     for r in timed:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from cell_kwargs import cell_kwargs
 from cs336sys.analysis.metrics import PEAK_TFLOPS, add_derived, peak_tflops
 from cs336sys.measure import memory
 from cs336sys.measure.flops import (
@@ -300,8 +301,8 @@ def test_failure_rows_without_measurements_get_empty_metrics():
 
 def test_measure_attention_rows():
     ctx = {}
-    rows = list(measure_attention(CPU, ctx, d_model=8, seq_len=16, activation="relu", impl="eager", causal=True,
-                                  precision="fp32", batch_size=2, warmup_steps=1, measure_steps=3))  # fmt: skip
+    rows = list(measure_attention(CPU, ctx, **cell_kwargs("attention", d_model=8, seq_len=16, activation="relu", impl="eager", causal=True,
+                                                          precision="fp32", batch_size=2, warmup_steps=1, measure_steps=3)))  # fmt: skip
     assert ctx["mode"] == "train"
     by_phase = {r["phase"]: r for r in rows}
     assert set(by_phase) == {"forward", "backward", STEP}
@@ -317,16 +318,26 @@ def test_measure_attention_rows():
 
 def test_measure_attention_rejects_invalid_and_skips_cuda_only_impls(monkeypatch):
     with pytest.raises(ValueError):
-        next(measure_attention(CPU, {}, d_model=8, seq_len=8, activation="relu", impl="sdpa", causal=False, precision="fp32"))
+        next(
+            measure_attention(
+                CPU, {}, **cell_kwargs("attention", d_model=8, seq_len=8, activation="relu", impl="sdpa", causal=False, precision="fp32")
+            )
+        )
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(Skip):
-        next(measure_attention(CPU, {}, d_model=8, seq_len=8, activation="softmax", impl="triton", causal=False, precision="fp32"))
+        next(
+            measure_attention(
+                CPU,
+                {},
+                **cell_kwargs("attention", d_model=8, seq_len=8, activation="softmax", impl="triton", causal=False, precision="fp32"),
+            )
+        )
 
 
 def test_measure_mha_rows():
     ctx = {}
-    rows = list(measure_mha(CPU, ctx, embed_dim=16, num_heads=4, seq_len=12, variant="performer", kernel="relu",
-                            num_features=8, warmup_steps=1, measure_steps=2))  # fmt: skip
+    rows = list(measure_mha(CPU, ctx, **cell_kwargs("mha", embed_dim=16, num_heads=4, seq_len=12, variant="performer", kernel="relu",
+                                                    num_features=8, warmup_steps=1, measure_steps=2)))  # fmt: skip
     assert {(r["mode"], r["phase"]) for r in rows} == {
         ("inference", "forward"),
         ("inference", STEP),
@@ -351,8 +362,8 @@ TINY_EXTRA = {"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 
 
 def test_measure_e2e_rows():
     ctx = {}
-    rows = list(measure_e2e(CPU, ctx, size="tiny", context_length=8, precision="fp32", batch_size=2, vocab_size=100,
-                            warmup_steps=1, measure_steps=2, extra_sizes=TINY_EXTRA))  # fmt: skip
+    rows = list(measure_e2e(CPU, ctx, **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32", batch_size=2, vocab_size=100,
+                                                    warmup_steps=1, measure_steps=2, extra_sizes=TINY_EXTRA)))  # fmt: skip
     phases = [(r["mode"], r["phase"]) for r in rows]
     assert len(phases) == len(set(phases)) == 6
     optimizer = [p for m, p in phases if m == "train" and p not in ("forward", "backward", STEP)]
@@ -379,15 +390,23 @@ def test_measure_e2e_rows():
 
 
 def test_measure_e2e_bf16_forward_only_and_bad_arguments():
-    rows = list(measure_e2e(CPU, {}, size="tiny", context_length=8, precision="bf16", batch_size=1, vocab_size=100,
-                            warmup_steps=0, measure_steps=1, modes=("inference",), extra_sizes=TINY_EXTRA))  # fmt: skip
+    rows = list(measure_e2e(CPU, {}, **cell_kwargs("e2e", size="tiny", context_length=8, precision="bf16", batch_size=1, vocab_size=100,
+                                                   warmup_steps=0, measure_steps=1, modes=("inference",), extra_sizes=TINY_EXTRA)))  # fmt: skip
     assert {r["mode"] for r in rows} == {"inference"}
     with pytest.raises(ValueError, match="tiny"):  # not a known size without extra_sizes
-        next(measure_e2e(CPU, {}, size="tiny", context_length=8, precision="fp32"))
+        next(measure_e2e(CPU, {}, **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32")))
     with pytest.raises(ValueError, match="inference"):
-        next(measure_e2e(CPU, {}, size="tiny", context_length=8, precision="fp32", modes=("bogus",), extra_sizes=TINY_EXTRA))
+        next(
+            measure_e2e(
+                CPU, {}, **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32", modes=("bogus",), extra_sizes=TINY_EXTRA)
+            )
+        )
     with pytest.raises(Skip):
-        next(measure_e2e(CPU, {}, size="tiny", context_length=8, precision="fp32", impl="triton", extra_sizes=TINY_EXTRA))
+        next(
+            measure_e2e(
+                CPU, {}, **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32", impl="triton", extra_sizes=TINY_EXTRA)
+            )
+        )
 
 
 def test_git_commit_can_be_named_where_the_tree_has_no_git(monkeypatch):

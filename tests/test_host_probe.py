@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+from cell_kwargs import cell_kwargs
 from cs336sys.analysis.passes import HOST_PROBE, combine_passes
 from cs336sys.measure import busy, host_probe, timing
 from cs336sys.pipeline.cells import Cell, run_cell
@@ -135,7 +136,7 @@ LM = dict(size="tiny", context_length=16, precision="fp32", impl="eager", warmup
 def test_profile_timing_rows_on_a_cpu_carry_an_empty_busy_share_and_why():
     from cs336sys.studies.profile import measure as prof
 
-    rows = pd.DataFrame(prof.measure(CPU, {}, **LM))
+    rows = pd.DataFrame(prof.measure(CPU, {}, **cell_kwargs("profile", **LM)))
     timed = rows[rows["kind"] == "timing"]
     assert set(timed["mode"]) == {"inference", "train"}
     assert timed["gpu_busy_frac"].isna().all()
@@ -154,7 +155,7 @@ def test_profile_measures_the_busy_share_after_every_timing(monkeypatch):
         return 0.42
 
     monkeypatch.setattr(prof, "gpu_busy_share", gpu_busy_share)
-    rows = pd.DataFrame(prof.measure(CPU, {}, **LM))  # raises if any mode is timed after the stand-in
+    rows = pd.DataFrame(prof.measure(CPU, {}, **cell_kwargs("profile", **LM)))  # raises if any mode is timed after the stand-in
     timed = rows[rows["kind"] == "timing"]
     assert calls == ["busy", "busy"]
     assert (timed["gpu_busy_frac"] == 0.42).all() and (timed["gpu_busy_note"] == "").all()
@@ -167,7 +168,7 @@ def test_profile_out_of_memory_under_the_busy_profiler_costs_only_the_share(monk
         raise torch.OutOfMemoryError("CUDA out of memory (test)")
 
     monkeypatch.setattr(prof, "gpu_busy_share", gpu_busy_share)
-    rows = pd.DataFrame(prof.measure(CPU, {}, **LM))
+    rows = pd.DataFrame(prof.measure(CPU, {}, **cell_kwargs("profile", **LM)))
     timed = rows[rows["kind"] == "timing"]
     assert len(timed) and timed["gpu_busy_frac"].isna().all()
     assert timed["gpu_busy_note"].str.contains("out of memory under the profiler").all()

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
+from cell_kwargs import cell_kwargs
 from cs336sys import studies as S
 from cs336sys.analysis.passes import combine_passes
 from cs336sys.measure.interleave import time_arms
@@ -123,9 +124,9 @@ def test_an_e2e_cell_on_a_cpu_times_its_partners_and_says_why_it_has_no_gpu_time
 
     timing.configure(target_rel=0.2, max_measure_s=0.5)
     try:
-        rows = list(measure(CPU, {}, size="tiny", context_length=16, precision="fp32", impl="eager", warmup_steps=1,
-                            measure_steps=2, batch_size=1, vocab_size=100, partners=[{"cuda_graphs": True}, {"precision": "bf16"}],
-                            extra_sizes={"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2}}))  # fmt: skip
+        rows = list(measure(CPU, {}, **cell_kwargs("e2e", size="tiny", context_length=16, precision="fp32", impl="eager", warmup_steps=1,
+                                                   measure_steps=2, batch_size=1, vocab_size=100, partners=[{"cuda_graphs": True}, {"precision": "bf16"}],
+                                                   extra_sizes={"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2}})))  # fmt: skip
     finally:
         timing.configure(target_rel=0.0, max_measure_s=0.0)
     df = pd.DataFrame(rows)
@@ -192,12 +193,14 @@ def test_gpu_time_columns_fold_over_passes_like_the_eager_ones():
 
 @pytest.mark.gpu
 def test_per_phase_graphs_add_up_to_the_step_and_match_the_graph_cell():
-    from cs336sys.measure.lm_steps import graph_optimizer, graphed_lm_steps, setup_lm
+    from cs336sys.measure.lm_steps import LMCell, graph_optimizer, graphed_lm_steps
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     device = torch.device("cuda")
-    _, model, inputs, targets = setup_lm(device, "small", 128, "bf16", "sdpa", 2, 1000, None, 0)
+    cell = LMCell(size="small", context_length=128, precision="bf16", impl="sdpa", batch_size=2, vocab_size=1000, optimizer="course",
+                  extra_sizes={})  # fmt: skip
+    model, inputs, targets = cell.setup(device)
     steps = graphed_lm_steps(model, model, inputs, targets, "bf16", device, graph_optimizer("course", model))
     t = time_steps(steps["train"], warmup=3, steps=30, device=device, trials=1, target_rel=0.0, min_warmup_s=0.5)
     parts = sum(t.phases[p].median_ms for p in ("forward", "backward", "optimizer_step"))
@@ -215,8 +218,8 @@ def test_an_eager_cell_on_a_gpu_reports_gpu_time_and_tight_paired_ratios():
         pytest.skip("needs CUDA")
     timing.configure(target_rel=0.05, max_measure_s=4)
     try:
-        rows = list(measure(torch.device("cuda"), {}, size="small", context_length=128, precision="fp32", impl="sdpa", batch_size=2,
-                            partners=[{"cuda_graphs": True}, {"precision": "bf16"}]))  # fmt: skip
+        rows = list(measure(torch.device("cuda"), {}, **cell_kwargs("e2e", size="small", context_length=128, precision="fp32", impl="sdpa", batch_size=2,
+                                                                    partners=[{"cuda_graphs": True}, {"precision": "bf16"}])))  # fmt: skip
     finally:
         timing.configure(target_rel=0.0, max_measure_s=0.0)
     df = pd.DataFrame(rows)

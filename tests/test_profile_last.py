@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
+from cell_kwargs import cell_kwargs
 from cs336sys.measure import interleave, profiling, timing
 
 CPU = torch.device("cpu")
@@ -52,7 +53,7 @@ def test_an_e2e_cell_times_every_mode_and_partner_before_it_profiles(monkeypatch
 
     calls: list[str] = []
     monkeypatch.setattr(e2e, "gpu_busy_share", _fake_busy(calls))
-    rows = pd.DataFrame(e2e.measure(CPU, {}, partners=[{"precision": "bf16"}], **LM))
+    rows = pd.DataFrame(e2e.measure(CPU, {}, **cell_kwargs("e2e", partners=[{"precision": "bf16"}], **LM)))
     assert calls == ["profiled", "profiled"]  # one per mode, both after every timed block
     timed = rows[rows["kind"].isna()]
     assert set(timed["mode"]) == {"inference", "train"} and (timed["gpu_busy_frac"] == 0.5).all()
@@ -64,8 +65,8 @@ def test_an_mha_cell_times_both_modes_before_it_profiles(monkeypatch):
 
     calls: list[str] = []
     monkeypatch.setattr(mha, "gpu_busy_share", _fake_busy(calls))
-    rows = pd.DataFrame(mha.measure(CPU, {}, embed_dim=16, num_heads=2, seq_len=8, variant="exact-eager", kernel="softmax",
-                                    warmup_steps=1, measure_steps=2))  # fmt: skip
+    rows = pd.DataFrame(mha.measure(CPU, {}, **cell_kwargs("mha", embed_dim=16, num_heads=2, seq_len=8, variant="exact-eager", kernel="softmax",
+                                                           warmup_steps=1, measure_steps=2)))  # fmt: skip
     assert calls == ["profiled", "profiled"]
     assert set(rows["mode"]) == {"inference", "train"} and (rows["gpu_busy_frac"] == 0.5).all()
 
@@ -82,7 +83,7 @@ def test_the_profile_study_times_both_modes_before_it_profiles(monkeypatch):
 
     monkeypatch.setattr(profiling, "profile_steps", profile_steps)
     lm = {k: v for k, v in LM.items() if k != "measure_steps"}
-    rows = pd.DataFrame(prof.measure(CPU, {}, measure_steps=2, profile_steps=1, **lm))
+    rows = pd.DataFrame(prof.measure(CPU, {}, **cell_kwargs("profile", measure_steps=2, profile_steps=1, **lm)))
     assert set(rows.loc[rows["kind"] == "timing", "mode"]) == {"inference", "train"}
     assert set(rows.loc[rows["kind"] == "kernel", "mode"]) == {"inference", "train"}
 
@@ -117,7 +118,7 @@ def test_a_mode_measured_before_another_runs_out_of_memory_keeps_its_rows(monkey
                                             warmup_steps=1, measure_steps=2)  # fmt: skip
     rows = []
     with pytest.raises(torch.OutOfMemoryError):
-        for row in mod.measure(CPU, context, **kwargs):
+        for row in mod.measure(CPU, context, **cell_kwargs(study, **kwargs)):
             rows.append(row)
     assert context["mode"] == "train"  # the runner's OOM row names the mode that ran out
     assert rows and {r["mode"] for r in rows} == {"inference"}

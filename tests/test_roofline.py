@@ -64,6 +64,31 @@ def test_compiled_attention_writes_each_matrix_once_and_a_rewritable_core_is_not
         BM.attention_phase_bytes(2, 3, 128, 64, False, "fp32", "performer")
 
 
+def test_bytes_follow_each_implementations_catalog_line():
+    from cs336sys import catalog
+
+    counted = {i.name: i.traffic for i in catalog.impls() if i.traffic}
+    assert counted == {"eager": "eager", "compiled": "compiled", "triton": "fused", "triton-atomic": "fused", "tutorial": "fused",
+                       "sdpa": "fused", "sdpa-flash": "fused", "sdpa-cudnn": "fused", "sdpa-efficient": "fused"}  # fmt: skip
+    with pytest.raises(ValueError, match="traffic 'tiled'"):
+        catalog.register(catalog.Impl("odd", "ours", "m", {"softmax": "f"}, ("flash",), "odd", traffic="tiled"))
+    # a user's plug-in is counted only where its line says how it moves bytes
+    mine = catalog.register(catalog.Impl("my-fused", "user", "m", {"softmax": "f"}, ("flash",), "mine", traffic="fused"))
+    plain = catalog.register(catalog.Impl("my-plain", "user", "m", {"softmax": "f"}, ("flash",), "plain"))
+    try:
+        assert BM.attention_phase_bytes(2, 3, 128, 64, True, "fp32", mine.name) == BM.attention_phase_bytes(
+            2, 3, 128, 64, True, "fp32", "triton"
+        )
+        with pytest.raises(ValueError, match="'my-plain'.*catalog line says nothing of how it moves bytes"):
+            BM.attention_phase_bytes(2, 3, 128, 64, True, "fp32", plain.name)
+        row = {"phase": "forward", "impl": plain.name, "precision": "fp32"}
+        moved, why = BM.attention_row_bytes(row, (2, 3, 128, 64, 1))
+        assert moved is None and "says nothing of how it moves bytes" in why  # empty with the reason, never a guess
+    finally:
+        catalog.unregister(mine.name)
+        catalog.unregister(plain.name)
+
+
 @pytest.mark.parametrize(
     "name, gbps",
     [

@@ -20,6 +20,7 @@ import sys
 import pytest
 import torch
 
+from cell_kwargs import cell_kwargs
 from cs336sys import studies as S
 from cs336sys.models.variants import tutorial_unsupported
 from cs336sys.pipeline.config import ConfigError, validate_config
@@ -214,17 +215,23 @@ def test_measure_skips_unsupported_and_cpu_without_the_interpreter(monkeypatch):
 
     kwargs = dict(seq_len=128, head_dim=64, precision="bf16", impl="tutorial")
     with pytest.raises(Skip, match="unsupported by the Triton tutorial kernel: head_dim 16"):
-        next(measure(torch.device("cpu"), {}, **{**kwargs, "head_dim": 16}))
+        next(measure(torch.device("cpu"), {}, **cell_kwargs("flash", **{**kwargs, "head_dim": 16})))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(Skip, match="needs CUDA"):
-        next(measure(torch.device("cpu"), {}, **kwargs))
+        next(measure(torch.device("cpu"), {}, **cell_kwargs("flash", **kwargs)))
 
 
 @runs_here
 def test_measure_times_the_tutorial_cell():
     from cs336sys.studies.flash.measure import measure
 
-    rows = list(measure(torch.device(DEVICE), {}, seq_len=128, head_dim=32, precision="bf16", impl="tutorial", num_heads=2, rep_ms=1))
+    rows = list(
+        measure(
+            torch.device(DEVICE),
+            {},
+            **cell_kwargs("flash", seq_len=128, head_dim=32, precision="bf16", impl="tutorial", num_heads=2, rep_ms=1),
+        )
+    )
     assert [r["phase"] for r in rows] == ["forward", "backward", "forward_backward"]
     assert all(r["n"] >= 1 and r["median_ms"] > 0 for r in rows)
 

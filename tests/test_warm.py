@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from cell_kwargs import cell_kwargs
 from cs336sys import studies as S
 from cs336sys.pipeline import warm
 from cs336sys.pipeline.config import validate_config
@@ -212,8 +213,7 @@ failed = warm.preload()
 before, frozen = set(sys.modules), gc.get_freeze_count()
 if os.fork() == 0:  # a measuring child: one small e2e training step on the CPU
     from cs336sys.studies.e2e.measure import measure
-    list(measure(torch.device("cpu"), {}, size="small", context_length=8, precision="fp32", batch_size=1,
-                 vocab_size=50, warmup_steps=1, measure_steps=1, modes=("train",)))
+    list(measure(torch.device("cpu"), {}, **json.loads(KWARGS)))
     print(json.dumps({"new": sorted(set(sys.modules) - before), "failed": failed, "frozen": frozen,
                       "cuda": torch.cuda.is_initialized()}), flush=True)
     os._exit(0)
@@ -224,8 +224,10 @@ os.wait()
 def test_preload_leaves_a_measuring_child_little_to_import():
     # torch imports torch._dynamo (sympy: ~900 modules) at a first backward; a child that does it
     # itself pays seconds per cell. After preload() it imports next to nothing, CUDA untouched.
-    out = subprocess.run([sys.executable, "-c", PRELOADED_CHILD], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": SRC})  # fmt: skip
+    kwargs = cell_kwargs("e2e", size="small", context_length=8, precision="fp32", batch_size=1, vocab_size=50, warmup_steps=1,
+                         measure_steps=1, modes=["train"])  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", f"KWARGS = {json.dumps(json.dumps(kwargs))}\n" + PRELOADED_CHILD], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": SRC})  # fmt: skip
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert not got["failed"] and not got["cuda"] and got["frozen"] > 0

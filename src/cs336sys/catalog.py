@@ -6,8 +6,8 @@ CUDA and which shapes it cannot run. Everything else follows from the line:
 the names ``models.variants`` exports, dispatch (``models.attention.resolve``
 imports ``module`` only when asked, so Triton stays optional), the rerun
 hashes (a cell hashes an implementation's module only when its ``impl`` axis
-selects it: ``studies.cell_modules``) and the answers' split of ours from
-PyTorch's. Importing this module imports nothing heavy.
+selects it: ``studies.cell_modules``), the roofline's bytes moved (``traffic``,
+counted by ``measure.bytes_moved``) and the answers' split of ours from PyTorch's. Importing this module imports nothing heavy.
 
 A later implementation, built in or named by a user, is one more line (or a
 :func:`register` call at run time); a name can be declared once only.
@@ -23,6 +23,10 @@ from typing import Any
 
 # reference: someone else's kernel we compare against; user: a config's plugins.attention (cs336sys.plugins)
 FAMILIES = ("ours", "pytorch", "reference", "user")
+# how an implementation's kernels move bytes to and from GPU memory (measure.bytes_moved counts each):
+# eager: every op reads its inputs and writes its output; compiled: Inductor fuses the elementwise ops
+# between the matmuls; fused: one kernel that never writes the L×L matrices. "" (the default): not counted
+TRAFFIC = ("eager", "compiled", "fused")
 ACTIVATIONS = ("softmax", "relu")
 LM_STUDIES = ("e2e", "warmup", "profile", "memory")  # attention inside TransformerLM: softmax, causal
 STUDIES = (*LM_STUDIES, "attention", "flash")  # the studies whose `impl` axis names an implementation
@@ -44,6 +48,7 @@ class Impl:
     compile: bool = False  # wrap the entry in torch.compile (once per process)
     backend: str = ""  # force this SDPA backend (a torch.nn.attention.SDPBackend member) around every call
     unsupported: Callable[..., str] | None = None  # (seq_len, head_dim, precision) → why not; "" where it runs
+    traffic: str = ""  # how its kernels move bytes (one of TRAFFIC, counted by measure.bytes_moved); "": not counted
 
     def __post_init__(self) -> None:
         # read-only, so that a registered line cannot change under the cells that hashed it
@@ -95,15 +100,15 @@ _LM = LM_STUDIES
 
 # One line per implementation; the order is the order error messages list the names in.
 _BUILT_IN = (
-    Impl("eager", "pytorch", _CORES, _EAGER, (*_LM, "attention", "flash"), "eager PyTorch attention"),
-    Impl("compiled", "pytorch", _CORES, _EAGER, ("attention", "flash"), "torch.compile of eager attention", compile=True),
-    Impl("sdpa", "pytorch", _CORES, _SDPA, (*_LM, "attention"), "PyTorch's scaled_dot_product_attention"),
-    Impl("triton", "ours", _OURS, {"softmax": "flash_attention", "relu": "relu_attention_fused"}, (*_LM, "attention", "flash"), "our Triton FlashAttention-2 kernel", needs_cuda=True),
-    Impl("triton-atomic", "ours", _OURS, {"softmax": "flash_attention"}, ("flash",), "our Triton kernel with the atomic-dQ backward", needs_cuda=True, options={"atomic_dq": True}),
-    Impl("tutorial", "reference", _TUTORIAL, {"softmax": "tutorial_attention"}, ("flash",), "the Triton tutorial kernel", needs_cuda=True, unsupported=tutorial_unsupported),
-    Impl("sdpa-flash", "pytorch", _CORES, _SDPA, ("flash",), "SDPA's FlashAttention backend", backend="FLASH_ATTENTION"),
-    Impl("sdpa-cudnn", "pytorch", _CORES, _SDPA, ("flash",), "SDPA's cuDNN backend", backend="CUDNN_ATTENTION"),
-    Impl("sdpa-efficient", "pytorch", _CORES, _SDPA, ("flash",), "SDPA's memory-efficient backend", backend="EFFICIENT_ATTENTION"),
+    Impl("eager", "pytorch", _CORES, _EAGER, (*_LM, "attention", "flash"), "eager PyTorch attention", traffic="eager"),
+    Impl("compiled", "pytorch", _CORES, _EAGER, ("attention", "flash"), "torch.compile of eager attention", compile=True, traffic="compiled"),
+    Impl("sdpa", "pytorch", _CORES, _SDPA, (*_LM, "attention"), "PyTorch's scaled_dot_product_attention", traffic="fused"),
+    Impl("triton", "ours", _OURS, {"softmax": "flash_attention", "relu": "relu_attention_fused"}, (*_LM, "attention", "flash"), "our Triton FlashAttention-2 kernel", needs_cuda=True, traffic="fused"),
+    Impl("triton-atomic", "ours", _OURS, {"softmax": "flash_attention"}, ("flash",), "our Triton kernel with the atomic-dQ backward", needs_cuda=True, options={"atomic_dq": True}, traffic="fused"),
+    Impl("tutorial", "reference", _TUTORIAL, {"softmax": "tutorial_attention"}, ("flash",), "the Triton tutorial kernel", needs_cuda=True, unsupported=tutorial_unsupported, traffic="fused"),
+    Impl("sdpa-flash", "pytorch", _CORES, _SDPA, ("flash",), "SDPA's FlashAttention backend", backend="FLASH_ATTENTION", traffic="fused"),
+    Impl("sdpa-cudnn", "pytorch", _CORES, _SDPA, ("flash",), "SDPA's cuDNN backend", backend="CUDNN_ATTENTION", traffic="fused"),
+    Impl("sdpa-efficient", "pytorch", _CORES, _SDPA, ("flash",), "SDPA's memory-efficient backend", backend="EFFICIENT_ATTENTION", traffic="fused"),
 )  # fmt: skip
 
 _IMPLS: dict[str, Impl] = {}
@@ -122,6 +127,8 @@ def register(impl: Impl) -> Impl:
         problems.append(f"entry activations {sorted(impl.entry)} (allowed: one or more of {', '.join(ACTIVATIONS)})")
     if not impl.studies or set(impl.studies) - set(STUDIES):
         problems.append(f"studies {list(impl.studies)} (allowed: one or more of {', '.join(STUDIES)})")
+    if impl.traffic and impl.traffic not in TRAFFIC:
+        problems.append(f"traffic {impl.traffic!r} (allowed: {', '.join(TRAFFIC)}, or '' where its bytes are not counted)")
     if "softmax" not in impl.entry and set(impl.studies) & {*LM_STUDIES, "flash"}:
         problems.append(f"no softmax entry, but studies {list(impl.studies)} run softmax attention")
     if problems:

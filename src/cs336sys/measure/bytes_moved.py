@@ -11,6 +11,10 @@ size d, at ``e`` bytes an element (4 for fp32/tf32, 2 for bf16):
   batch × head (it is broadcast; at L 16384 its 268 MB do not stay in L2);
 - ``r`` = B·H·L·4: the fp32 log-sum-exp per query row a fused softmax kernel keeps.
 
+How an implementation moves bytes is its catalog line's ``traffic`` (:class:`cs336sys.catalog.Impl`):
+``eager``, ``compiled`` or ``fused``, counted as below. A line without one (a user's plug-in, unless
+it says) gets no count, with the reason.
+
 ``eager`` (:mod:`cs336sys.models.attention`): every PyTorch op reads its inputs and writes
 its output once, nothing reused across ops: right once the B·H L×L matrices outgrow L2 (50 MB
 on an H100: B·H 8, fp32, from L 2048); below that some traffic stays in L2, and the count is high.
@@ -52,12 +56,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from cs336sys import catalog
+
 ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2}  # attention inputs: bf16 casts them (studies attention, flash)
 LSE_BYTES = 4  # fp32 log-sum-exp per query row
 MASK_BYTES = 1  # torch.bool
-EAGER = ("eager",)
-COMPILED = ("compiled",)
-FUSED = ("triton", "triton-atomic", "tutorial", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 ADAMW_BYTES_PER_PARAM = {"fused": 28, "course": 80}  # fp32: see the module doc
 PHASES = ("forward", "backward", "forward_backward", "step")
 
@@ -71,21 +74,33 @@ def attention_phase_bytes(
     e, rows = ELEMENT_BYTES[precision], batch * heads * seq
     x, s, m, r = float(rows * head_dim * e), float(rows * seq * e), float(rows * seq * MASK_BYTES), float(rows * LSE_BYTES)
     softmax = activation == "softmax"
-    if impl in EAGER:
+    traffic = _traffic(impl)
+    if traffic == "eager":
         fwd, bwd = 4 * x + 6 * s, 8 * x + (12 * s if softmax else 9 * s)
         if causal:  # masked_fill and its backward: one more read and write of S (dS) each way, and the mask
             fwd, bwd = fwd + 2 * s + m, bwd + 2 * s + m
-    elif impl in COMPILED:
+    elif traffic == "compiled":
         if softmax and not causal:
             raise ValueError("compiled non-causal softmax: Inductor may rewrite it into SDPA (a fused kernel), so its path is unknown")
         fwd, bwd = (4 * x + 4 * s, 8 * x + 7 * s) if softmax else (4 * x + 4 * s + m, 8 * x + 6 * s + m)
         if causal:  # the fused kernels read the mask
             fwd, bwd = fwd + m, bwd + m
-    elif impl in FUSED:
+    else:  # fused
         fwd, bwd = (4 * x + r, 8 * x + r) if softmax else (4 * x, 7 * x)
-    else:
-        raise ValueError(f"implementation {impl!r}: no byte count (counted: {', '.join(EAGER + COMPILED + FUSED)})")
     return {"forward": fwd, "backward": bwd, "forward_backward": fwd + bwd, "step": fwd + bwd}
+
+
+def _traffic(impl: str) -> str:
+    """How ``impl`` moves bytes, from its catalog line; ValueError naming why it has no count."""
+    counted = ", ".join(i.name for i in catalog.impls() if i.traffic)
+    try:
+        line = catalog.lookup(impl)
+    except ValueError:
+        raise ValueError(f"implementation {impl!r}: no byte count (not in the catalog; counted: {counted})") from None
+    if line.traffic not in catalog.TRAFFIC:
+        raise ValueError(f"implementation {impl!r}: no byte count (its catalog line says nothing of how it moves bytes: "
+                         f"Impl.traffic, one of {', '.join(catalog.TRAFFIC)}; counted: {counted})")  # fmt: skip
+    return line.traffic
 
 
 def attention_row_bytes(row: Mapping[str, object], shape: tuple[object, ...]) -> tuple[float | None, str]:

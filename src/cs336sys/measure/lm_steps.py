@@ -1,6 +1,7 @@
 """The TransformerLM workload that every LM study times (e2e, warmup, profile, memory).
 
-One seeded model and batch per cell (:func:`setup_lm`) and the two step
+One seeded model and batch per cell (:class:`LMCell`, the settings the four
+studies share) and the two step
 functions: an inference forward under ``torch.no_grad`` and a training step
 (forward + loss, backward, optimizer step), each phase wrapped in
 ``clock.phase`` so CUDA events time it inside the same step and the profiler
@@ -9,11 +10,14 @@ sees its range. Profiling or measuring memory runs exactly what e2e times.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from cs336sys import plugins
-from cs336sys.measure import memory
+from cs336sys.measure import SEED, memory
 from cs336sys.measure.timing import StepClock
 from cs336sys.models.dtypes import autocast, set_matmul_precision
 from cs336sys.models.model import TransformerLM
@@ -46,14 +50,44 @@ def random_batch(batch_size: int, context_length: int, vocab_size: int, device: 
     return tokens[:, :-1], tokens[:, 1:]  # inputs and next-token targets
 
 
-def setup_lm(device, size, context_length, precision, impl, batch_size, vocab_size, extra_sizes, seed):
-    """Seeded model and batch of one LM cell: (size spec, model, inputs, targets)."""
-    spec = resolve_size(size, extra_sizes)
-    torch.manual_seed(seed)
-    set_matmul_precision(precision)
-    model = build_lm(spec, vocab_size, context_length, impl, device)
-    inputs, targets = random_batch(batch_size, context_length, vocab_size, device)
-    return spec, model, inputs, targets
+@dataclass(frozen=True)
+class LMCell:
+    """The model and batch of one LM cell: the settings the LM studies share (e2e, warmup, profile, memory).
+
+    A study's ``measure(..., **lm)`` builds it once from the cell's keyword settings, which arrive
+    complete from a validated config: the schema holds every default, so no field has one here and a
+    missing or misspelt setting is a TypeError naming it.
+    """
+
+    size: str  # a built-in size (models.sizes) or one of extra_sizes
+    context_length: int
+    precision: str  # fp32 | tf32 | bf16 (models.dtypes)
+    impl: str  # the attention implementation inside the model (catalog)
+    batch_size: int
+    vocab_size: int
+    optimizer: str  # course | fused (models.optim)
+    extra_sizes: Mapping[str, Mapping[str, int]]  # the config's sizes beyond the built-in table
+
+    @property
+    def spec(self) -> ModelSize:
+        return resolve_size(self.size, self.extra_sizes)
+
+    @property
+    def tokens(self) -> int:
+        return self.batch_size * self.context_length
+
+    def build(self, device: torch.device, impl: str | None = None) -> torch.nn.Module:
+        """The cell's model, seeded: every call draws the same weights (``impl``: another attention, a partner's model)."""
+        spec = self.spec  # an unknown size fails before the seed is drawn
+        torch.manual_seed(SEED)
+        return build_lm(spec, self.vocab_size, self.context_length, self.impl if impl is None else impl, device)
+
+    def setup(self, device: torch.device) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+        """Seeded model and batch: (model, inputs, targets); sets the cell's matmul precision."""
+        set_matmul_precision(self.precision)
+        model = self.build(device)
+        inputs, targets = random_batch(self.batch_size, self.context_length, self.vocab_size, device)
+        return model, inputs, targets
 
 
 def train_step_fn(model, run_model, optimizer, inputs, targets, precision: str, device: torch.device, memory_log: dict):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from cs336sys import catalog
-from cs336sys.measure import memory
+from cs336sys.measure import SEED, memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.correctness import check_attention, check_shape
 from cs336sys.measure.flops import attention_phase_flops
@@ -58,10 +58,9 @@ def measure(
     impl: str,
     causal: bool,
     precision: str,
-    batch_size: int = 8,
-    warmup_steps: int = 5,
-    measure_steps: int = 100,
-    seed: int = 0,
+    batch_size: int,
+    warmup_steps: int,
+    measure_steps: int,
 ) -> Iterator[dict[str, Any]]:
     fn = core(impl, activation, device)
     set_matmul_precision(precision)
@@ -70,7 +69,7 @@ def measure(
     if catalog.lookup(impl).compile:
         torch._dynamo.reset()  # the check's shape must not make the timed shape's compilation dynamic
     # (batch, 1 head, L, d): 4-D so that SDPA can pick a fused backend (3-D inputs fall back to math)
-    q, k, v = qkv((batch_size, 1, seq_len, d_model), precision, device, seed)
+    q, k, v = qkv((batch_size, 1, seq_len, d_model), precision, device, SEED)
     grad_out = torch.randn_like(q)
     mem: dict[str, int | None] = {}
 

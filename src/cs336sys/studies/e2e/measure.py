@@ -29,7 +29,7 @@ from cs336sys.measure import energy, memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.flops import lm_forward_flops, phase_flops
 from cs336sys.measure.interleave import ArmsTiming, time_arms
-from cs336sys.measure.lm_steps import build_lm, graph_optimizer, graphed_lm_steps, lm_steps, setup_lm
+from cs336sys.measure.lm_steps import LMCell, graph_optimizer, graphed_lm_steps, lm_steps
 from cs336sys.measure.timing import STEP, StepClock, Timing, merge_timings, time_steps, timing_rows
 from cs336sys.models.dtypes import set_matmul_precision
 from cs336sys.models.optim import make_optimizer
@@ -46,33 +46,29 @@ def measure(
     device: torch.device,
     context: dict,
     *,
-    size: str,
-    context_length: int,
-    precision: str,
-    impl: str = "eager",
-    compile: bool = False,
-    cuda_graphs: bool = False,
-    warmup_steps: int = 5,
-    measure_steps: int = 10,
-    block_steps: int = 2,
-    batch_size: int = 4,
-    vocab_size: int = 10_000,
-    modes: tuple[str, ...] = MODES,
-    optimizer: str = "course",
-    extra_sizes: Mapping[str, Mapping[str, int]] | None = None,
-    partners: Sequence[Mapping[str, Any]] = (),
-    seed: int = 0,
+    compile: bool,
+    cuda_graphs: bool,
+    warmup_steps: int,
+    measure_steps: int,
+    block_steps: int | None,  # None: a cell that times no partners (warmup) interleaves no blocks
+    modes: Sequence[str],
+    partners: Sequence[Mapping[str, Any]],
+    **lm: Any,  # the LM settings the four LM studies share: LMCell's fields
 ) -> Iterator[dict[str, Any]]:
-    if needs_cuda(impl) and device.type != "cuda":
-        raise Skip(f"attention {impl!r} needs CUDA")
+    cell = LMCell(**lm)
+    precision, optimizer = cell.precision, cell.optimizer
+    if needs_cuda(cell.impl) and device.type != "cuda":
+        raise Skip(f"attention {cell.impl!r} needs CUDA")
     if cuda_graphs and device.type != "cuda":
         raise Skip("CUDA graphs need CUDA")
     unknown = set(modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown modes {sorted(unknown)}; known: {', '.join(MODES)}")
-    spec, model, inputs, targets = setup_lm(device, size, context_length, precision, impl, batch_size, vocab_size, extra_sizes, seed)
+    if partners and block_steps is None:
+        raise ValueError("a cell that times partners needs block_steps (steps per interleaved block)")
+    model, inputs, targets = cell.setup(device)
     run_model = torch.compile(model) if compile else model
-    fwd = lm_forward_flops(spec, batch_size, context_length, vocab_size)
+    fwd = lm_forward_flops(cell.spec, cell.batch_size, cell.context_length, cell.vocab_size)
     memory_log: dict[str, int | None] = {}
     opt = None
     if cuda_graphs:
@@ -86,8 +82,8 @@ def measure(
         opt = make_optimizer(optimizer, model.parameters())
         own = lm_steps(model, run_model, inputs, targets, precision, device, optimizer, memory_log, opt=opt)
     common = {
-        "batch_size": batch_size,
-        "tokens": batch_size * context_length,
+        "batch_size": cell.batch_size,
+        "tokens": cell.tokens,
         "params": model.num_parameters(),
         "memory_note": "" if device.type == "cuda" else memory.NO_CUDA_REASON,
         # a graph needs a capturable optimizer; the course's is captured with its step size baked in
@@ -114,8 +110,7 @@ def measure(
                 extra["mem_before_bwd_bytes"] = memory_log.get("before_backward")
             alone[mode] = (timing, extra)
         # 2. The arms timed beside it, interleaved: the CUDA-graph replay of the same step and the partners.
-        arms, notes = _arms(own, cuda_graphs, partners, device, model, run_model, inputs, targets, precision, optimizer, opt,
-                            spec, vocab_size, context_length, impl, seed)  # fmt: skip
+        arms, notes = _arms(own, cuda_graphs, partners, device, cell, model, run_model, inputs, targets, opt)
         for mode in run:
             context["mode"] = mode
             if len(arms) > 1:
@@ -185,9 +180,10 @@ def _pair_rows(result, mode: str, optimizer: str) -> Iterator[dict[str, Any]]:
                    "stop_reason": result.stop_reason, "optimizer": optimizer, "pair_note": ""}  # fmt: skip
 
 
-def _arms(own, cuda_graphs, partners, device, model, run_model, inputs, targets, precision, optimizer, opt, spec,
-          vocab_size, context_length, impl, seed) -> tuple[dict[str, dict[str, Callable[[StepClock], None]]], dict[str, str]]:  # fmt: skip
+def _arms(own, cuda_graphs, partners, device, cell: LMCell, model, run_model, inputs, targets,
+          opt) -> tuple[dict[str, dict[str, Callable[[StepClock], None]]], dict[str, str]]:  # fmt: skip
     """Arm name → mode → step; and arm name → why it could not be built (its rows say so)."""
+    precision, optimizer = cell.precision, cell.optimizer
     arms: dict[str, dict[str, Callable[[StepClock], None]]] = {OWN: own}
     notes: dict[str, str] = {}
     if any(p.get("cuda_graphs") for p in partners) and not cuda_graphs:
@@ -208,8 +204,7 @@ def _arms(own, cuda_graphs, partners, device, model, run_model, inputs, targets,
         if name in arms or name in notes:
             continue
         try:
-            arms[name] = _partner(axis, value, device, model, run_model, inputs, targets, precision, optimizer, opt, spec,
-                                  vocab_size, context_length, impl, seed)  # fmt: skip
+            arms[name] = _partner(axis, value, device, cell, model, run_model, inputs, targets, opt)
         except Skip as exc:
             notes[name] = str(exc)
         except torch.OutOfMemoryError:
@@ -218,9 +213,9 @@ def _arms(own, cuda_graphs, partners, device, model, run_model, inputs, targets,
     return arms, notes
 
 
-def _partner(axis, value, device, model, run_model, inputs, targets, precision, optimizer, opt, spec, vocab_size, context_length,
-             impl, seed) -> dict[str, Callable[[StepClock], None]]:  # fmt: skip
+def _partner(axis, value, device, cell: LMCell, model, run_model, inputs, targets, opt) -> dict[str, Callable[[StepClock], None]]:
     """The partner configuration's steps, on the same model and batch where the axis leaves the model alone."""
+    precision, optimizer = cell.precision, cell.optimizer
     if axis == "precision":
         steps = lm_steps(model, run_model, inputs, targets, value, device, optimizer, {}, opt=opt)
         return {mode: _with_precision(step, value, precision) for mode, step in steps.items()}
@@ -229,8 +224,7 @@ def _partner(axis, value, device, model, run_model, inputs, targets, precision, 
     if axis == "impl":
         if needs_cuda(value) and device.type != "cuda":
             raise Skip(f"attention {value!r} needs CUDA")
-        torch.manual_seed(seed)  # the same weights as the cell's own model
-        other = build_lm(spec, vocab_size, context_length, value, device)
+        other = cell.build(device, impl=value)  # seeded: the same weights as the cell's own model
         return lm_steps(other, other, inputs, targets, precision, device, optimizer, {})
     raise ValueError(f"e2e cannot pair on axis {axis!r}")
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from cs336sys import catalog
-from cs336sys.measure import memory
+from cs336sys.measure import SEED, memory
 from cs336sys.measure.correctness import check_attention, check_shape
 from cs336sys.measure.flops import attention_phase_flops
 from cs336sys.measure.timing import bench_stats
@@ -66,18 +66,17 @@ def measure(
     head_dim: int,
     precision: str,
     impl: str,
-    num_heads: int = 1,
-    batch_size: int = 1,
-    causal: bool = True,
-    rep_ms: float = 100,
-    seed: int = 0,
+    num_heads: int,
+    batch_size: int,
+    causal: bool,
+    rep_ms: float,
 ) -> Iterator[dict[str, Any]]:
     line = catalog.lookup(impl, "flash")
     if why := line.why_unsupported(seq_len, head_dim, precision):
         raise Skip(f"unsupported by {line.about}: {why}")
     fn, kernel_ctx = _flash_fn(impl, device)
     set_matmul_precision(precision)
-    q, k, v = qkv((batch_size, num_heads, seq_len, head_dim), precision, device, seed)
+    q, k, v = qkv((batch_size, num_heads, seq_len, head_dim), precision, device, SEED)
     grad_out = torch.randn_like(q)
     context["mode"] = "train"
     with kernel_ctx():

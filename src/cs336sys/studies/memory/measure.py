@@ -9,7 +9,7 @@ stays beside the cell CSV (``snapshot_path``), out of git.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from cs336sys.measure import memory
-from cs336sys.measure.lm_steps import lm_steps, setup_lm
+from cs336sys.measure.lm_steps import LMCell, lm_steps
 from cs336sys.measure.timing import StepClock
 from cs336sys.rows import Skip
 
@@ -38,30 +38,23 @@ def measure(
     device: torch.device,
     context: dict,
     *,
-    size: str,
-    context_length: int,
-    precision: str,
     mode: str,
-    impl: str = "eager",
-    warmup_steps: int = 2,
-    measure_steps: int = 2,
-    batch_size: int = 4,
-    vocab_size: int = 10_000,
-    optimizer: str = "course",
-    top_n: int = 10,
-    artifact_dir: str | None = None,
-    cell_id: str = "cell",
-    extra_sizes: Mapping[str, Mapping[str, int]] | None = None,
-    seed: int = 0,
+    warmup_steps: int,
+    measure_steps: int,
+    top_n: int,
+    artifact_dir: str | None,  # None: the snapshot pickle goes to the working directory
+    cell_id: str,
+    **lm: Any,  # the LM settings the four LM studies share: measure.lm_steps.LMCell's fields
 ) -> Iterator[dict[str, Any]]:
+    cell = LMCell(**lm)
     if device.type != "cuda":
         raise Skip("the memory study records CUDA allocator history; this machine has no CUDA")
     from cs336sys.measure import memory_snapshot as snap
 
     context["mode"] = mode
-    spec, model, inputs, targets = setup_lm(device, size, context_length, precision, impl, batch_size, vocab_size, extra_sizes, seed)
+    model, inputs, targets = cell.setup(device)
     log: dict[str, int | None] = {}
-    step = lm_steps(model, model, inputs, targets, precision, device, optimizer, log)[mode]
+    step = lm_steps(model, model, inputs, targets, cell.precision, device, cell.optimizer, log)[mode]
     for _ in range(warmup_steps):
         step(StepClock(device))
     memory.reset_peak(device)
@@ -83,7 +76,7 @@ def measure(
         "peak_reserved_bytes": memory.peak_reserved_bytes(device),
         "mem_before_bwd_bytes": log.get("before_backward"),
         # one fp32 residual-stream activation: batch × context × d_model × 4 bytes
-        "residual_activation_bytes": batch_size * context_length * spec.d_model * 4,
+        "residual_activation_bytes": cell.tokens * cell.spec.d_model * 4,
         "params": model.num_parameters(),
     }  # fmt: skip
     timeline = _downsample(snap.active_timeline(snapshot), TIMELINE_POINTS)

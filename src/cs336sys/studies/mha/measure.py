@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from cs336sys.measure import memory
+from cs336sys.measure import SEED, memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.flops import mha_forward_flops, phase_flops
 from cs336sys.measure.timing import StepClock, time_steps, timing_rows
@@ -24,17 +24,16 @@ def measure(
     seq_len: int,
     variant: str,
     kernel: str,
-    num_features: int = 0,
-    batch_size: int = 1,
-    precision: str = "fp32",
-    warmup_steps: int = 3,
-    measure_steps: int = 10,
-    seed: int = 0,
+    num_features: int,
+    batch_size: int,
+    precision: str,
+    warmup_steps: int,
+    measure_steps: int,
 ) -> Iterator[dict[str, Any]]:
-    torch.manual_seed(seed)
+    torch.manual_seed(SEED)
     set_matmul_precision(precision)
     m = num_features or None  # 0: an exact variant, no random features
-    layer = MultiHeadAttention(embed_dim, num_heads, variant, kernel, m, seed).to(device)
+    layer = MultiHeadAttention(embed_dim, num_heads, variant, kernel, m, SEED).to(device)
     x = torch.randn(batch_size, seq_len, embed_dim, device=device, requires_grad=True)
     fwd = mha_forward_flops(batch_size, seq_len, embed_dim, num_heads, variant, m)
     common = {"batch_size": batch_size, "precision": precision, "memory_note": "" if device.type == "cuda" else memory.NO_CUDA_REASON}

@@ -8,7 +8,7 @@ matmul ranges). The trace is written beside the cell CSV, out of git.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import torch
 
 from cs336sys.measure import memory, profiling
 from cs336sys.measure.busy import busy_note, gpu_busy_share
-from cs336sys.measure.lm_steps import lm_steps, setup_lm
+from cs336sys.measure.lm_steps import LMCell, lm_steps
 from cs336sys.measure.timing import StepClock, time_steps
 
 
@@ -24,25 +24,18 @@ def measure(
     device: torch.device,
     context: dict,
     *,
-    size: str,
-    context_length: int,
-    precision: str,
-    impl: str = "eager",
-    warmup_steps: int = 5,
-    measure_steps: int = 10,
-    profile_steps: int = 3,
-    batch_size: int = 4,
-    vocab_size: int = 10_000,
-    optimizer: str = "course",
-    artifact_dir: str | None = None,
-    cell_id: str = "cell",
-    extra_sizes: Mapping[str, Mapping[str, int]] | None = None,
-    nsys: bool = False,  # the workflow's separate nsys rule reads it; nothing to do here
-    seed: int = 0,
+    warmup_steps: int,
+    measure_steps: int,
+    profile_steps: int,
+    artifact_dir: str | None,  # None: no trace file
+    cell_id: str,
+    nsys: bool,  # the workflow's separate nsys rule reads it; nothing to do here
+    **lm: Any,  # the LM settings the four LM studies share: measure.lm_steps.LMCell's fields
 ) -> Iterator[dict[str, Any]]:
-    _, model, inputs, targets = setup_lm(device, size, context_length, precision, impl, batch_size, vocab_size, extra_sizes, seed)
+    cell = LMCell(**lm)
+    model, inputs, targets = cell.setup(device)
     device_kind = "cuda" if device.type == "cuda" else "cpu (CPU activities only: no GPU timeline)"
-    steps = lm_steps(model, model, inputs, targets, precision, device, optimizer, {})
+    steps = lm_steps(model, model, inputs, targets, cell.precision, device, cell.optimizer, {})
     timings = {}
     for mode, step in steps.items():
         context["mode"] = mode
