@@ -12,11 +12,11 @@ import pytest
 import yaml
 
 from cs336sys import studies as S
-from cs336sys.runs.partial import report_partial
-from cs336sys.pipeline.merge import merge_cells
 from cs336sys.cli import main
 from cs336sys.pipeline.config import ConfigError, settings_snapshot, validate_config
+from cs336sys.pipeline.merge import merge_cells
 from cs336sys.rows import write_csv_atomic
+from cs336sys.runs.partial import report_partial
 
 CPU_NAME = "cpu (x86_64)"  # a device name no table knows
 GRID = {"d_model": [16], "seq_len": [64], "activation": ["softmax"], "impl": ["eager"], "causal": [True], "precision": ["fp32"]}
