@@ -26,6 +26,7 @@ def _cited_in() -> list[Path]:
     files = sorted(PACKAGE.rglob("*.py"))
     files += sorted(p for p in (REPO / "workflow").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     files += sorted((REPO / "docs").rglob("*.md"))
+    files += sorted((REPO / "report").rglob("*.md"))  # committed reports name the modules that wrote them
     return files + [REPO / "README.md", REPO / "Snakefile"]
 
 
