@@ -12,8 +12,9 @@ with the reason. Before timing, output and gradients are checked against float64
 
 from __future__ import annotations
 
+import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -39,6 +40,18 @@ def _flash_fn(impl: str, device: torch.device) -> tuple[Callable, Callable[[], A
     return found
 
 
+_WHERE = re.compile(r"\s*\(Triggered internally at [^)]*\)\.?")  # the C++ source line of each warning
+
+
+def _reasons(messages: Iterable[str]) -> Iterator[str]:
+    """SDPA's warnings minus their headers ("... kernel not used because:"), the backends we disabled
+    on purpose ("... has been runtime disabled") and the C++ source lines: what is left says why."""
+    for message in messages:
+        text = _WHERE.sub("", message.strip().splitlines()[0] if message.strip() else "").strip()
+        if text and not text.endswith("because:") and "runtime disabled" not in text:
+            yield text
+
+
 def _first_call(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
     """The first forward; an implementation that refuses the shape or dtype makes the cell ``skipped``.
 
@@ -52,8 +65,7 @@ def _first_call(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         except RuntimeError as exc:
             if isinstance(exc, torch.OutOfMemoryError):
                 raise
-            why = [str(w.message).strip().splitlines()[0] for w in caught]
-            detail = "; ".join(dict.fromkeys(w for w in why if w))  # each once, in order
+            detail = "; ".join(dict.fromkeys(_reasons(str(w.message) for w in caught)))  # each once, in order
             reason = str(exc).strip().splitlines()[0] + (f" ({detail})" if detail else "")
             raise Skip(f"unsupported: {reason[:600]}") from exc
 
