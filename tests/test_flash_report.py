@@ -55,3 +55,15 @@ def test_a_backend_that_refuses_says_why_from_sdpas_warnings():
 
     with pytest.raises(torch.OutOfMemoryError):  # an oom row, not a skipped one
         _first_call(out_of_memory, q, q, q, True)
+
+
+def test_sdpas_backends_are_set_beside_their_published_h100_figures():
+    from cs336sys.analysis.tables import ok_rows
+
+    h100 = ok_rows(load_study(REPO / "results" / "h100-flash-leaderboard" / "flash.csv"))
+    text = flash_report.published(h100)
+    assert "`sdpa-flash` (16 heads): 283 [280, 286] TFLOP/s here, FlashAttention-2 299 published: 0.95× [0.94, 0.96]" in text
+    assert "`sdpa-cudnn` (16 heads)" in text and "arXiv:2407.08608" in text
+    assert flash_report.published(h100.assign(device_name="NVIDIA H200")) == ""  # the figures are the H100's
+    assert flash_report.published(h100[h100["seq_len"] != 16384]) == ""
+    assert "Against published figures" in flash_report.findings(h100)
