@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
+from cell_kwargs import cell_kwargs
 from cs336sys.measure import gpu_state
 from cs336sys.measure.busy import gpu_busy_share
 from cs336sys.measure.timing import StepClock, bench_stats
@@ -17,8 +18,8 @@ TINY = {"tiny": {"d_model": 64, "d_ff": 256, "num_layers": 2, "num_heads": 4}}
 
 
 def _attention_cell(memory_fraction):
-    kwargs = dict(d_model=64, seq_len=8192, activation="softmax", impl="eager", causal=True, precision="fp32",
-                  batch_size=8, warmup_steps=1, measure_steps=2)  # fmt: skip
+    kwargs = cell_kwargs("attention", d_model=64, seq_len=8192, activation="softmax", impl="eager", causal=True,
+                         precision="fp32", batch_size=8, warmup_steps=1, measure_steps=2)  # fmt: skip
     return Cell("attention", "cap", {"seq_len": 8192}, "cs336sys.studies.attention.measure:measure", kwargs,
                 device="cuda", timeout_s=300, memory_fraction=memory_fraction, timing={"trials": 1})  # fmt: skip
 
@@ -36,8 +37,8 @@ def test_memory_cap_turns_a_cell_that_fits_into_oom():
 
 @pytest.mark.gpu
 def test_cuda_graph_cell_replays_one_graph_per_phase():
-    kwargs = dict(size="tiny", context_length=128, precision="bf16", impl="sdpa", compile=False, cuda_graphs=True,
-                  warmup_steps=2, measure_steps=5, batch_size=4, vocab_size=1000, extra_sizes=TINY)  # fmt: skip
+    kwargs = cell_kwargs("e2e", size="tiny", context_length=128, precision="bf16", impl="sdpa", compile=False, cuda_graphs=True,
+                         warmup_steps=2, measure_steps=5, batch_size=4, vocab_size=1000, extra_sizes=TINY)  # fmt: skip
     cell = Cell("e2e", "graphs", {}, "cs336sys.studies.e2e.measure:measure", kwargs, device="cuda", timeout_s=300, timing={"trials": 2})
     rows = pd.DataFrame(run_cell(cell))
     assert set(rows["status"]) == {"ok"}, rows["error"].tolist()
