@@ -68,7 +68,7 @@ def demo_config():
     """The CPU demo's config as the workflow reads it (config.yaml, then the preset), not yet validated."""
     from workflow_helpers import DEMO, REPO, load_config
 
-    return load_config(REPO, DEMO)
+    return load_config(REPO, DEMO, validated=False)
 
 
 @pytest.fixture

@@ -224,12 +224,19 @@ def deep_update(base: dict, override: Mapping) -> dict:
     return base
 
 
-def load_config(root: Path, *configfiles: str) -> dict[str, Any]:
-    """The config a run in ``root`` sees: config.yaml, then each --configfile over it."""
+def load_config(root: Path, *configfiles: str, validated: bool = True) -> dict[str, Any]:
+    """The config a run in ``root`` sees: config.yaml, then each --configfile over it, validated.
+
+    Validation writes every default in, as the workflow's does: presets name only what they
+    change, so a setting a test reads (``passes``, a grid axis) may be in no file.
+    ``validated=False``: the files' keys alone, for tests of validation itself.
+    """
+    from cs336sys.pipeline.config import validate_config
+
     config = yaml.safe_load((root / "config.yaml").read_text()) or {}
     for name in configfiles:
         deep_update(config, yaml.safe_load((root / name).read_text()) or {})
-    return config
+    return validate_config(config) if validated else config
 
 
 def write_yaml(path: Path, data: Mapping[str, Any]) -> str:
