@@ -204,3 +204,15 @@ def test_cli_measures_on_the_gpu_with_device_auto(tmp_path):
     rows = pd.read_csv(out)
     assert (rows["status"] == "ok").all() and (rows["device"] == "cuda").all()
     assert rows["peak_mem_bytes"].notna().all()
+
+
+@pytest.mark.parametrize("study", S.STUDIES)
+def test_the_timeout_help_names_the_schemas_default(capsys, study):
+    # the cell runs with the schema's timeout_s when neither the flag nor a --config file gives one
+    from cs336sys.pipeline.config import load_schema
+
+    default = load_schema()["properties"][study]["properties"]["timeout_s"]["default"]
+    with pytest.raises(SystemExit):
+        main([study, "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"--config file's {study}.timeout_s, else {default:g})" in help_text

@@ -39,7 +39,6 @@ SHOW_COLUMNS = [
 ]  # fmt: skip
 PAIR_COLUMNS = ["mode", "phase", "comparison", "ratio [95% interval]", "pairs", "stop_reason"]
 RUN_FLAGS = ("device", "timeout", "memory_fraction", "config", "csv")
-DEFAULT_TIMEOUT_S = 1800.0
 # what `--config FILE` may hold: these top-level keys and the study's own section (a flag wins over the file);
 # every other key is refused by name, never ignored
 CONFIG_APPLIES = ("device", "memory_fraction", "cache_dir", "extra_sizes", "peak_tflops", "peak_gbps", "flags", "plugins")
@@ -106,7 +105,8 @@ def _add_study(sub, schema: Mapping, name: str) -> None:
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default=None,
                    help="where to run; auto: CUDA if present (default: the --config file's device, else auto)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=None,
-                   help=f"time limit of the cell in seconds (default: the --config file's {name}.timeout_s, else {DEFAULT_TIMEOUT_S:g})")  # fmt: skip
+                   help=f"time limit of the cell in seconds (default: the --config file's {name}.timeout_s, else "
+                        f"{_show(_resolve(schema, section['properties']['timeout_s']).get('default'))})")  # fmt: skip
     p.add_argument("--memory-fraction", type=float, default=None, help="cap GPU memory to this fraction of the card, in (0, 1]")
     p.add_argument("--config", default=None,
                    help=f"a config file (YAML) whose {', '.join(CONFIG_APPLIES)} and {name} section (one value per grid axis, "
@@ -198,7 +198,7 @@ def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
     except ConfigError as exc:
         parser.error(_name_flags(str(exc), args, values, from_file))
     if args.timeout is None:
-        args.timeout = float(config[args.study]["timeout_s"]) if "timeout_s" in section else DEFAULT_TIMEOUT_S
+        args.timeout = float(config[args.study]["timeout_s"])  # the file's, else the schema's default (validation wrote it)
     return config
 
 
