@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from cs336sys import catalog
+from cs336sys import studies as S
 from cs336sys.cli import main
 from cs336sys.pipeline import cells as cells_module
 from cs336sys.pipeline.config import ConfigError, load_yaml, validate_config
@@ -40,7 +42,7 @@ from workflow_helpers import DEMO, REPO, copy_repo, deep_update, load_config, sn
 
 NAN, INF = math.nan, math.inf
 TINY = {"d_model": 64, "d_ff": 256, "num_layers": 2, "num_heads": 4}
-STUDIES = "choose from attention, e2e, flash, memory, mha, precision, profile, warmup"  # the registry's order
+STUDIES = "choose from " + ", ".join(S.STUDIES)  # the registry's order: a new study needs no edit here
 NAME_RULE = "letters, digits, '.', '+', '-', starting with a letter or digit"
 
 
@@ -151,8 +153,8 @@ CONFIG_CASES = {
     "unknown-precision": ("e2e.grid.precision", ["fp16"], ["'e2e.grid.precision.0'", "['fp32', 'tf32', 'bf16']"]),
     "unknown-flash-precision": ("flash.grid.precision", ["tf32"], ["'flash.grid.precision.0'", "['fp32', 'bf16']"]),
     "unknown-mha-precision": ("mha.precision", "fp16", ["'mha.precision'", "['fp32', 'tf32', 'bf16']"]),
-    "unknown-lm-impl": ("e2e.grid.impl", ["cuda"], ["'e2e.grid.impl.0'", "['eager', 'sdpa', 'triton']"]),
-    "unknown-attention-impl": ("attention.grid.impl", ["flash"], ["'attention.grid.impl.0'", "['eager', 'compiled', 'sdpa', 'triton']"]),
+    "unknown-lm-impl": ("e2e.grid.impl", ["cuda"], ["'e2e.grid.impl.0'", str(list(catalog.names("e2e")))]),
+    "unknown-attention-impl": ("attention.grid.impl", ["flash"], ["'attention.grid.impl.0'", str(list(catalog.names("attention")))]),
     "unknown-flash-impl": ("flash.grid.impl", ["sdpa-magic"], ["'flash.grid.impl.0'", "'sdpa-flash', 'sdpa-cudnn'"]),
     "unknown-variant": ("mha.grid.variant", ["exact"], ["'mha.grid.variant.0'", "['exact-eager', 'exact-sdpa', 'performer']"]),
     "unknown-kernel": ("mha.grid.kernel", ["tanh"], ["'mha.grid.kernel.0'", "['softmax', 'relu']"]),
