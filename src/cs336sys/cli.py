@@ -304,7 +304,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         part = " ".join(f"{k}={v}" for k, v in context.items()) or "starting"
         print(f"  … {part} ({elapsed_s:.0f} s)", file=sys.stderr, flush=True)
 
-    rows = run_cell(cell, start_method="fork", progress=progress)
+    # fork (fast) only where this process is the command itself: a caller of main() (a test, a notebook)
+    # may have run torch on the CPU already, and OpenMP's pool does not survive a fork (the child hangs)
+    rows = run_cell(cell, start_method="fork" if argv is None else None, progress=progress)
     frame = add_derived(rows_to_frame(rows, cell.axes), config["peak_tflops"], config["flags"], config["peak_gbps"])
     if args.device == "auto" and (frame.get("device") == "cpu").all():
         print("note: no CUDA device found; ran on CPU (memory columns stay empty)", file=sys.stderr)
