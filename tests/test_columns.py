@@ -31,17 +31,29 @@ def test_each_column_folds_by_its_rule():
 
 
 def test_a_column_without_a_rule_fails_the_merge_naming_it():
-    with pytest.raises(UndeclaredColumnError, match=r"p90_ms.*cs336sys\.columns\.COLUMNS"):
-        combine_passes(_passes(p90_ms=12.0), axes=["size"])
+    with pytest.raises(UndeclaredColumnError, match=r"no_rule_ms.*cs336sys\.columns\.COLUMNS"):
+        combine_passes(_passes(no_rule_ms=12.0), axes=["size"])
     with pytest.raises(UndeclaredColumnError, match="size"):  # an axis only folds when the study declares it
         combine_passes(_passes())
 
 
 def test_a_declared_statistic_is_computed_per_pass_and_pooled(monkeypatch):
     monkeypatch.setitem(C.COLUMNS, "max2_ms", C.Column("max2_ms", "ms", "pooled", stat=lambda x: max(x) * 2))
-    assert C.sample_stats([1.0, 3.0]) == {"max2_ms": 6.0}
+    assert C.sample_stats([1.0, 3.0])["max2_ms"] == 6.0  # beside any statistic COLUMNS declares
     row = combine_passes(_passes(max2_ms=0.0), axes=["size"]).iloc[0]
     assert row["max2_ms"] == 26.0  # of the pooled steps 9…13, not pass 0's value
+
+
+def test_a_declared_statistic_of_passes_that_kept_no_steps_is_their_median_not_pass_0s(monkeypatch):
+    """Passes of over 500 steps (do_bench's) keep no step times: the statistic cannot be pooled, so it folds
+    as the centre does there (the median of the per-pass values), never as pass 0's value alone."""
+    monkeypatch.setitem(C.COLUMNS, "max2_ms", C.Column("max2_ms", "ms", "pooled", stat=lambda x: max(x) * 2))
+    third = _passes().iloc[[1]].assign(pass_index=2, median_ms=14.0)
+    passes = pd.concat([_passes(), third], ignore_index=True).assign(
+        samples_ms="", max2_ms=[22.0, 26.0, 30.0], mean_ms=12.0, std_ms=1.0, min_ms=9.0, max_ms=15.0
+    )
+    row = combine_passes(passes, axes=["size"]).iloc[0]
+    assert row["median_ms"] == 12.0 and row["max2_ms"] == 26.0
 
 
 def test_family_rules_cover_state_and_gpu_time_columns():

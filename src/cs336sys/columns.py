@@ -57,7 +57,8 @@ RESERVED_COLUMNS = frozenset(HEAD_COLUMNS + ENV_COLUMNS + TIMING_COLUMNS + PASS_
 
 # --- how the merge folds a timed row's passes ------------------------------------------------
 # pooled: recomputed from every pass's samples (median and interval: analysis.passes; a column with a
-# `stat` is that function of the pooled step times); sum, min, max: of the passes' values; first: the
+# `stat` is that function of the pooled step times, or the median of the passes' values where they
+# kept no steps, as the centre then is); sum, min, max: of the passes' values; first: the
 # same in every pass (a setting, an axis, the environment); last: the latest pass's; join: each
 # distinct value once, ";"-joined; derived: written by the fold itself from all passes.
 FOLDS = ("pooled", "sum", "min", "max", "first", "last", "join", "derived")
@@ -120,6 +121,11 @@ def undeclared(names: Iterable[str], axes: Iterable[str] = ()) -> list[str]:
     """The columns of ``names`` that no :class:`Column` line, axis or family rule folds."""
     axes = set(axes)
     return [n for n in names if fold_of(n, axes) is None]
+
+
+def stat_columns() -> list[str]:
+    """The columns declared with a ``stat``: pooled statistics of the step times."""
+    return [c.name for c in COLUMNS.values() if c.stat]
 
 
 def sample_stats(samples_ms: Sequence[float]) -> dict[str, float]:

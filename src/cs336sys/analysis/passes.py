@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from cs336sys.columns import FOLDS, GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND, fold_of, sample_stats, timed_kind, undeclared
+from cs336sys.columns import FOLDS, GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND, fold_of, sample_stats, stat_columns, timed_kind, undeclared
 from cs336sys.measure.stats import log_t_interval, median_ci_order, paired_ratio, summarize_trials, t_quantile_975, trial_ci
 
 PASS = "pass_index"
@@ -154,6 +154,8 @@ def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, in
                    max_ms=float(group["max_ms"].max()), std_ms=float(group["std_ms"].max()), samples_ms="")  # fmt: skip
     if have_steps:
         row.update(sample_stats(pooled_steps))
+    else:  # no steps to pool (do_bench's passes): each statistic as the centre above, the median of the passes'
+        row.update(pass_stats(group))
     last = group.iloc[-1]
     for col in group.columns:  # every other column by its fold (cs336sys.columns); pooled and derived ones are set above
         fold = fold_of(col, axes)
@@ -168,6 +170,17 @@ def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, in
         if col in group:
             row[f"pass_{col}"] = ";".join("" if pd.isna(v) else str(v) for v in group[col])
     return row
+
+
+def pass_stats(group: pd.DataFrame) -> dict[str, float]:
+    """The statistics declared with a ``stat`` (cs336sys.columns) where the passes kept no step times:
+    the median of the passes' own values, as ``median_ms`` is then the median of the pass medians."""
+    out = {}
+    for name in stat_columns():
+        if name in group:
+            values = pd.to_numeric(group[name], errors="coerce").dropna()
+            out[name] = float(values.median()) if len(values) else math.nan
+    return out
 
 
 def combine_energy(group: pd.DataFrame, floor_rel: float) -> dict:
