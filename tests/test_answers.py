@@ -16,7 +16,7 @@ from cs336sys.pipeline.merge import load_study
 from workflow_helpers import REPO, reference_runs
 
 RESULTS = REPO / "results"
-FIXTURE = REPO / "tests" / "fixtures" / "cpu-demo"  # a CPU demo cut small: every study, the fast lane's run
+FIXTURE = REPO / "tests" / "fixtures" / "cpu-demo"  # a CPU demo cut small: every study the answers read, the fast lane's run
 COMMITTED = reference_runs()  # every committed run with CSVs (docs/results.md lists them): the full suite
 # runs whose studies are cut down to a cell or two below: the default sweep (every study) and the runs with OOM rows
 REDUCED = ["h200", "h100-e2e", "h100-profile", "h100-memory", "h100-mha-performer"]
@@ -116,6 +116,14 @@ def test_every_question_has_one_line_and_no_nan(pages, run):
     assert len(headings) == len(SECTIONS)
     for heading, _ in QUESTIONS:  # each question sits under its handout section
         assert any(heading in h for h in headings), heading
+
+
+def test_the_fixture_has_a_run_of_every_study_the_answers_read(pages):
+    """A study that a handout question reads needs its run in the fixture, or the fast lane never answers the
+    question: without it the page asks to enable the study. A study that no question reads needs none (a new
+    study adds its fixture only if it wants its report tested in the fast lane; test_tables loads those there are)."""
+    missing = sorted(set(re.findall(r"enable `([\w.+-]+)` \(`studies:`\)", pages("fixture"))))
+    assert not missing, f"no fixture for {missing}: run tests/fixtures/make_demo_fixture.py on a CPU demo run"
 
 
 @pytest.mark.slow

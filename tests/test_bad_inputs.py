@@ -43,6 +43,9 @@ from workflow_helpers import DEMO, REPO, copy_repo, deep_update, load_config, sn
 NAN, INF = math.nan, math.inf
 TINY = {"d_model": 64, "d_ff": 256, "num_layers": 2, "num_heads": 4}
 STUDIES = "choose from " + ", ".join(S.STUDIES)  # the registry's order: a new study needs no edit here
+# the attention study's impls that offer softmax only, as its invalid-combination message groups them
+# ("sdpa × softmax"): from the catalog, so that a new implementation needs no edit here
+SOFTMAX_ONLY = ", ".join(i.name for i in catalog.impls("attention") if i.activations == ("softmax",)) + " × softmax"
 NAME_RULE = "letters, digits, '.', '+', '-', starting with a letter or digit"
 
 
@@ -122,7 +125,7 @@ CONFIG_CASES = {
     "studies-a-string": ("studies", "e2e", ["'studies'", "not of type 'array'"]),
     "mha-no-divisible-embed-dim": ("mha.grid.embed_dim", [30, 50], ["'mha.grid'", "no valid cell", "embed_dim must be divisible by num_heads", "embed_dim [30, 50]"]),
     "attention-sdpa-relu-only": ("attention.grid", {"d_model": [16], "seq_len": [64], "activation": ["relu"], "impl": ["sdpa"]},
-                                 ["'attention.grid'", "no valid cell", "sdpa × softmax"]),
+                                 ["'attention.grid'", "no valid cell", SOFTMAX_ONLY]),
     "mha-exact-sdpa-relu-only": ("mha.grid", {"variant": ["exact-sdpa"], "kernel": ["relu"]}, ["'mha.grid'", "no valid cell", "softmax only"]),
     # unknown keys at every level
     "unknown-top-level-key": ("studys", ["e2e"], ["'studys'", "allowed under <top level>: run, device"]),
@@ -282,7 +285,7 @@ CLI_CASES = {
     "embed-dim-not-divisible": (["mha", "--embed-dim", "30", "--num-heads", "4"],
                                 ["no valid cell", "--embed-dim 30", "--num-heads 4", "embed_dim must be divisible by num_heads"]),
     "exact-sdpa-relu": (["mha", "--variant", "exact-sdpa", "--kernel", "relu"], ["no valid cell", "--variant exact-sdpa", "--kernel relu", "softmax only"]),
-    "sdpa-relu": (["attention", "--impl", "sdpa", "--activation", "relu"], ["no valid cell", "--impl sdpa", "--activation relu", "sdpa × softmax"]),
+    "sdpa-relu": (["attention", "--impl", "sdpa", "--activation", "relu"], ["no valid cell", "--impl sdpa", "--activation relu", SOFTMAX_ONLY]),
     "context-length-zero": (["e2e", "--context-length", "0"], ["'--context-length'", "minimum of 1"]),
     "context-length-text": (["e2e", "--context-length", "abc"], ["--context-length", "invalid int value: 'abc'"]),
     "batch-size-negative": (["e2e", "--batch-size", "-3"], ["'--batch-size'", "minimum of 1"]),

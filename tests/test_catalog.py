@@ -57,8 +57,12 @@ def test_the_studies_with_an_impl_axis_are_the_catalogs():
 
 def test_the_attention_study_says_which_impl_activation_pairs_exist():
     why = S.study("attention").why_invalid
-    assert "sdpa × softmax" in why and "triton × softmax, relu" in why
-    assert all(name in why for name in catalog.names("attention"))
+    # "(valid: eager, compiled, triton × softmax, relu; sdpa × softmax)": each impl once, with its activations
+    groups = [group.split(" × ") for group in why.rpartition("(valid: ")[2].rstrip(")").split("; ")]
+    offered = {name: tuple(acts.split(", ")) for names, acts in groups for name in names.split(", ")}
+    assert sum(len(names.split(", ")) for names, _ in groups) == len(offered), why
+    assert offered == {impl.name: impl.activations for impl in catalog.impls("attention")}, why
+    assert offered["sdpa"] == ("softmax",) and offered["triton"] == ("softmax", "relu"), why
 
 
 def _presets() -> list[Path]:

@@ -72,3 +72,9 @@ def test_pip_install_runs_the_cli_from_its_own_copy(tmp_path):
     assert "usage" in _run([bin_dir / "cs336sys", "e2e", "--help"], cwd, env).stdout
     code = "from cs336sys.pipeline.config import load_schema; print(sorted(load_schema()['properties']))"
     assert "'e2e'" in _run([bin_dir / "python", "-c", code], cwd, env).stdout
+    # the HTML report's captions of a study's figures ship with the study (package data, like schema.yaml)
+    code = (
+        "from cs336sys.runs.captions import caption_file, figure_caption; print(caption_file('e2e')); print(figure_caption('e2e', 'mfu'))"
+    )
+    path, caption = _run([bin_dir / "python", "-c", code], cwd, env).stdout.split("\n", 1)
+    assert Path(path).is_relative_to(bin_dir.parent) and "Look at" in caption, f"{path}: {caption!r}"

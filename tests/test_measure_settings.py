@@ -66,7 +66,8 @@ def test_the_lm_cell_has_no_defaults_either():
         LMCell(**{k: v for k, v in lm.items() if k != "vocab_size"})
 
 
-# one tiny CPU cell of each study, as flags of `cs336sys <study>`
+# one tiny CPU cell of each study, as flags of `cs336sys <study>`; a study without a line here runs its
+# schema's defaults (each axis's first value), so one whose defaults are already a small CPU cell needs none
 TINY_LM = ["--size", "tiny", "--context-length", "8", "--batch-size", "1", "--vocab-size", "64", "--measure-steps", "2"]
 QUICK = ["--trials", "1", "--min-warmup-s", "0", "--min-measure-s", "0"]
 CLI_CELLS = {
@@ -97,12 +98,12 @@ CLI_CELLS = {
 }
 
 
-def test_every_study_has_a_cli_cell_here():
-    assert set(CLI_CELLS) == set(S.STUDIES)
+def test_the_cli_cells_are_of_registered_studies():
+    assert set(CLI_CELLS) <= set(S.STUDIES), f"no such study: {sorted(set(CLI_CELLS) - set(S.STUDIES))}"
 
 
 @pytest.mark.slow  # one measuring child per study
-@pytest.mark.parametrize("name", sorted(CLI_CELLS))
+@pytest.mark.parametrize("name", sorted(S.STUDIES))
 def test_the_cli_and_the_cell_runner_measure_a_cpu_cell_of_every_study(name, tmp_path, monkeypatch, capsys):
     from cs336sys.cli import main
     from cs336sys.pipeline.cells import FAULT_ENV
@@ -110,7 +111,7 @@ def test_the_cli_and_the_cell_runner_measure_a_cpu_cell_of_every_study(name, tmp
     monkeypatch.delenv(FAULT_ENV, raising=False)
     monkeypatch.chdir(tmp_path)  # the profile study's traces land under ./cs336sys-artifacts
     csv = tmp_path / "rows.csv"
-    code = main([name, *CLI_CELLS[name], "--device", "cpu", "--csv", str(csv)])
+    code = main([name, *CLI_CELLS.get(name, []), "--device", "cpu", "--csv", str(csv)])
     rows = pd.read_csv(csv)
     expected = {"skipped"} if name == "memory" else {"ok"}  # the memory study records CUDA allocator history
     assert set(rows["status"]) == expected, rows[["status", "error"]].to_string()

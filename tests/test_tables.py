@@ -1,5 +1,5 @@
-"""Result tables: merging cell CSVs; a small run of every study (tests/fixtures/cpu-demo/, cut from a CPU
-demo) and every committed reference run, old column names included, load with today's axes and cell ids."""
+"""Result tables: merging cell CSVs; the small runs of tests/fixtures/cpu-demo/ (cut from a CPU demo: every
+study the handout's answers read, and any other that has one) and every committed reference run, old column names included, load with today's axes and cell ids."""
 
 from __future__ import annotations
 
@@ -97,9 +97,15 @@ def test_runs_load_with_the_current_axes_and_cell_ids(path):
     assert isinstance(S.report_module(study).figures(df, "test"), list)
 
 
-def test_the_fixture_has_a_run_of_every_study_so_none_needs_a_committed_gpu_run():
-    studies = {str(pd.read_csv(REPO / f, usecols=["study"], nrows=1)["study"].iloc[0]) for f in _fixture_csvs()}
-    assert studies == set(S.STUDIES), f"no fixture for {set(S.STUDIES) - studies}: run tests/fixtures/make_demo_fixture.py"
+def test_each_fixture_is_a_run_of_the_registered_study_it_is_named_after():
+    """A fixture is optional for a study (the handout's studies need theirs: test_answers says so); one left
+    behind by a renamed or removed study, or holding another study's rows, is an error."""
+    assert _fixture_csvs(), "no fixture CSV: run tests/fixtures/make_demo_fixture.py"
+    for f in _fixture_csvs():
+        studies = set(pd.read_csv(REPO / f, usecols=["study"], dtype=str)["study"])
+        name = f.rpartition("/")[2].removesuffix(".csv")
+        assert name in S.STUDIES, f"{f}: no study {name!r} (registered: {', '.join(S.STUDIES)})"
+        assert studies == {name}, f"{f}: rows of {sorted(studies)}"
 
 
 def test_no_committed_run_is_the_cpu_demo():

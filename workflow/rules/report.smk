@@ -4,6 +4,7 @@ report: "../report/workflow.rst"
 
 
 from cs336sys.pipeline.finish import finished_message, missing_report_message
+from cs336sys.runs.captions import FigureCaptions
 
 
 # A finished run says where its report and answers are (Snakemake calls this hook after a run that
@@ -75,6 +76,8 @@ rule plots:
         run=RUN,
         code=plot_code,
         script=SCRIPT_HASH["plot.py"],
+        # the captions of figures.rst above come from the study's own folder (cs336sys.runs.captions)
+        captions=lambda wildcards: FigureCaptions(wildcards.study),
     script:
         "../scripts/plot.py"
 
