@@ -123,6 +123,9 @@ def test_a_new_fold_column_changes_no_cell_hash_but_a_new_statistic_changes_ever
         columns, '    Column("finished_at", "", "last"),\n', '    Column("finished_at", "", "last"),\n    Column("toy_note", "", "join"),\n'
     )
     _edit(columns, '    "torch_version", "cuda_version",', '    "torch_version", "cuda_version", "toy_first",')
+    _edit(
+        columns, '    "flash": _flash_shape,\n', '    "flash": _flash_shape,\n    "toy": lambda row: (1, 1, row.get("seq_len"), 8, True),\n'
+    )
     assert _hashes(src_copy) == before
     # a column with a `stat` is computed by every measuring child (measure.timing): every cell's rows change
     _edit(
