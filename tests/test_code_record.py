@@ -35,3 +35,10 @@ def test_a_broken_record_explains_nothing_and_does_not_raise(tmp_path):
     record_path(out).write_text("{not json")
     assert read_record(out) is None
     assert rerun_notes([("e2e", out, {"a.py": "1"})]) == []
+
+
+def test_a_cells_record_names_the_catalog_lines_it_runs_not_the_whole_catalog():
+    hashes = file_hashes(["cs336sys.catalog", "cs336sys.columns", "cs336sys.models.variants"], ["triton"])
+    assert set(hashes) == {"catalog.py", "catalog.py:triton", "columns.py", "models/variants.py"}
+    assert file_hashes(["cs336sys.catalog"], ["triton"])["catalog.py"] != file_hashes(["cs336sys.catalog"])["catalog.py"]  # machinery only
+    assert set(file_hashes(["cs336sys.catalog"])) == {"catalog.py"}  # without entries: whole files, as the report's jobs hash them

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 from einops import rearrange
 
-from cs336sys.models.variants import MHA_VARIANTS, PERFORMER_KERNELS, mha_is_valid
+from cs336sys.models.variants import MHA_CORES, MHA_VARIANTS, PERFORMER_KERNELS, mha_is_valid
 
 VARIANTS = MHA_VARIANTS
 is_valid = mha_is_valid
@@ -54,8 +54,7 @@ class MultiHeadAttention(nn.Module):
             return lambda q, k, v: performer_attention(q, k, v, self.features, self.kernel)
         from cs336sys.models.attention import get_attention
 
-        impl = "eager" if self.variant == "exact-eager" else "sdpa"
-        core = get_attention(impl, self.kernel)
+        core = get_attention(MHA_CORES[self.variant], self.kernel)
         return lambda q, k, v: core(q, k, v, is_causal=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ IMPLS = catalog.names("attention")  # attention cores (models.attention)
 LM_IMPLS = catalog.names("e2e")  # attention inside TransformerLM (the LM studies offer the same)
 FLASH_IMPLS = catalog.names("flash")
 MHA_VARIANTS = ("exact-eager", "exact-sdpa", "performer")
+MHA_CORES = {"exact-eager": "eager", "exact-sdpa": "sdpa"}  # the attention core (catalog line) an exact variant runs
 PERFORMER_KERNELS = ("relu", "softmax")
 OPTIMIZERS = ("course", "fused")
 MODES = ("inference", "train")

@@ -8,11 +8,16 @@ workflow is parsed again it compares them with the files as they are now and
 prints which files changed for how many cells. Not a Snakemake output: a run
 measured before these records existed (or a record lost) only loses the
 explanation, never a cell. Not imported by the measuring process either, so
-editing this module reruns nothing.
+editing this module reruns nothing. The record holds the units the hash covers
+(``provenance.code_units``): of the catalog, its machinery as ``catalog.py``
+and each implementation line the cell runs as ``catalog.py:<impl>``, so a
+note names the implementation whose line changed, and a line added for
+another implementation (which reruns nothing) is no change.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -20,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cs336sys.fileio import write_text_atomic
-from cs336sys.provenance import PACKAGE_DIR, file_hash, module_file
+from cs336sys.provenance import PACKAGE_DIR, code_units, file_hash, module_file
 
 SUFFIX = ".code.json"
 
@@ -30,8 +35,11 @@ def record_path(output: str | Path) -> Path:
     return Path(f"{output}{SUFFIX}")
 
 
-def file_hashes(modules: Iterable[str]) -> dict[str, str]:
-    """``{package-relative path: content hash}`` of the source files of ``modules``."""
+def file_hashes(modules: Iterable[str], entries: Iterable[str] | None = None) -> dict[str, str]:
+    """``{package-relative path: content hash}`` of the source files of ``modules``; with ``entries`` (a
+    cell's catalog lines), ``{unit: content hash}`` of the units its code hash covers (module docstring)."""
+    if entries is not None:
+        return {name: hashlib.sha256(text.encode()).hexdigest()[:16] for name, text in sorted(code_units(modules, entries).items())}
     files = {module_file(m) for m in modules} - {None}
     return {path.relative_to(PACKAGE_DIR).as_posix(): file_hash(path) for path in sorted(files)}  # type: ignore[union-attr]
 
@@ -46,18 +54,19 @@ def cell_file_hashes(
     study: str,
     axes: Mapping[str, Any],
     plugins: Mapping[str, Any] | None = None,
-    cache: dict[tuple[str, ...], dict[str, str]] | None = None,
+    cache: dict[tuple[tuple[str, ...], tuple[str, ...]], dict[str, str]] | None = None,
 ) -> dict[str, str]:
     """The files a cell runs, hashed: our modules (``studies.cell_modules``) and its plug-in's files, if any.
     ``cache``: one parse of the workflow hashes each module set once (not a long-lived process: files change)."""
     from cs336sys import studies
 
     modules = tuple(studies.cell_modules(study, dict(axes)))
-    ours = cache.get(modules) if cache is not None else None
+    entries = studies.cell_entries(study, dict(axes))
+    ours = cache.get((modules, entries)) if cache is not None else None
     if ours is None:
-        ours = file_hashes(modules)
+        ours = file_hashes(modules, entries)
         if cache is not None:
-            cache[modules] = ours
+            cache[(modules, entries)] = ours
     user = studies.user_files(study, dict(axes), plugins)
     return {**ours, **user_file_hashes(user, plugins["path"])} if user and plugins else ours
 

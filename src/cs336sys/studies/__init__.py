@@ -9,7 +9,11 @@ figures and findings in ``report.py`` (pandas and matplotlib, never torch).
 This module finds the packages, so adding a study is its package
 (docs/adding-a-study.md); the workflow's rule loop, the config schema, the CLI,
 the cell ids, the rerun hashes, the merge and the report all come from the
-registry. Importing it does not import torch.
+registry. It lists the packages without importing them and imports a study's
+spec only when that study is asked for: a cell's measuring process loads the
+registry and its own study's package, and so its rerun hash covers those and
+no other study's (adding a study reruns no cell). Importing it does not import
+torch.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import functools
 import importlib
 import itertools
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +81,9 @@ class Study:
     artifacts: bool = False  # measurement writes traces/snapshots: gets artifact_dir and cell_id
     cell_table: bool = True  # the report shows the per-cell timing table
     pairs: tuple[Pair, ...] = ()  # comparisons timed inside the base cell (its measure takes ``partners``)
+    # the catalog implementations a cell runs without an `impl` axis naming them (mha's exact variants run
+    # the eager or SDPA core): their catalog lines are hashed into the cell (cell_entries)
+    runs_impls: Callable[[Axes], Iterable[str]] | None = None
 
     @property
     def measure(self) -> str:
@@ -95,18 +102,39 @@ def check_axes(spec: Study) -> Study:
     return spec
 
 
-def _discover() -> dict[str, Study]:
-    found = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if info.ispkg:
-            spec = importlib.import_module(f"{__name__}.{info.name}").STUDY
-            if spec.name != info.name:
-                raise RuntimeError(f"study package {info.name!r} declares the name {spec.name!r}")
-            found[spec.name] = check_axes(spec)
-    return found
+class Registry(Mapping[str, Study]):
+    """Study name → :class:`Study`, for the packages under ``paths``: the names are the folders, listed
+    without importing them; a study's package is imported when its entry is first read."""
+
+    def __init__(self, paths: Iterable[str]) -> None:
+        self._names = tuple(sorted(i.name for i in pkgutil.iter_modules(list(paths)) if i.ispkg))
+        self._specs: dict[str, Study] = {}
+
+    def __getitem__(self, name: str) -> Study:
+        if name not in self._names:
+            raise KeyError(name)
+        if name not in self._specs:
+            spec = importlib.import_module(f"{__name__}.{name}").STUDY
+            if spec.name != name:
+                raise RuntimeError(f"study package {name!r} declares the name {spec.name!r}")
+            self._specs[name] = check_axes(spec)
+        return self._specs[name]
+
+    def __contains__(self, name: object) -> bool:  # by name: asking imports nothing
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
-STUDIES: dict[str, Study] = _discover()
+def _discover() -> Registry:
+    return Registry(__path__)
+
+
+STUDIES: Mapping[str, Study] = _discover()
 
 
 def study(name: str) -> Study:
@@ -212,10 +240,22 @@ def cell_modules(name: str, axes: Axes) -> list[str]:
     return list(_modules(name, _unused(name, axes), _selected(name, axes)))
 
 
+def cell_entries(name: str, axes: Axes) -> tuple[str, ...]:
+    """The catalog lines a cell runs, by implementation name: its ``impl``, an ``impl`` partner it times
+    (:class:`Pair`) and the ``runs_impls`` of its study. Its hash covers these lines of the catalog and
+    not the others (``provenance.code_units``): a new implementation's line reruns no cell."""
+    s = study(name)
+    chosen = set(s.runs_impls(axes)) if s.runs_impls else set()
+    if "impl" in s.axes:
+        chosen |= {axes["impl"]} | {p.other for p in s.pairs if p.axis == "impl" and axes["impl"] == format_value(p.base)}
+    return tuple(sorted(impl for impl in chosen if impl in catalog.names()))
+
+
 def cell_code_hash(name: str, axes: Axes, plugins: Mapping[str, Any] | None = None) -> str:
-    """The hash of the code a cell runs: our modules, and the user's files where the cell runs a plug-in
+    """The hash of the code a cell runs: our modules (of a table module, the lines it reads:
+    :func:`cell_entries`), and the user's files where the cell runs a plug-in
     (``plugins``: the config's section; ``cs336sys.plugins.cell_plugins`` picks the cell's part)."""
-    ours = _code_hash(name, _unused(name, axes), _selected(name, axes))
+    ours = _code_hash(name, _unused(name, axes), _selected(name, axes), cell_entries(name, axes))
     files = user_files(name, axes, plugins)
     if not files:
         return ours
@@ -236,16 +276,12 @@ def _unused(name: str, axes: Axes) -> tuple[str, ...]:
 
 
 def _selected(name: str, axes: Axes) -> tuple[str, ...]:
-    """The catalog modules of the cell's ``impl`` and of an ``impl`` partner it times (:class:`Pair`).
+    """The catalog modules of the implementations the cell runs (:func:`cell_entries`).
 
     Dispatch imports them by name (``models.attention.resolve``), out of the import graph's sight:
     a Triton kernel's module is hashed into the cells that select it and no other.
     """
-    s = study(name)
-    if "impl" not in s.axes:
-        return ()
-    chosen = {axes["impl"]} | {p.other for p in s.pairs if p.axis == "impl" and axes["impl"] == format_value(p.base)}
-    return tuple(sorted({catalog.lookup(impl).module for impl in chosen if impl in catalog.names(name)}))
+    return tuple(sorted({catalog.lookup(impl).module for impl in cell_entries(name, axes)}))
 
 
 @functools.cache  # a study's cells share a few module sets: one parse of the workflow hashes each once
@@ -256,7 +292,7 @@ def _modules(name: str, unused: tuple[str, ...], selected: tuple[str, ...]) -> t
 
 
 @functools.cache
-def _code_hash(name: str, unused: tuple[str, ...], selected: tuple[str, ...]) -> str:
+def _code_hash(name: str, unused: tuple[str, ...], selected: tuple[str, ...], entries: tuple[str, ...]) -> str:
     from cs336sys.provenance import modules_hash
 
-    return modules_hash(_modules(name, unused, selected))
+    return modules_hash(_modules(name, unused, selected), entries)

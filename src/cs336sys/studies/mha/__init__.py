@@ -1,6 +1,6 @@
 """Study ``mha``: a multi-head attention layer, exact vs Performer, softmax vs ReLU (the ReLU/SoftMax benchmark pages)."""
 
-from cs336sys.models.variants import mha_is_valid
+from cs336sys.models.variants import MHA_CORES, mha_is_valid
 from cs336sys.studies import Axes, Study
 
 
@@ -19,6 +19,7 @@ STUDY = Study(
     # performer cells never run the exact cores: editing models/attention.py leaves them alone (no mha
     # variant selects a catalog implementation, so no cell hashes our Triton kernels: studies.cell_modules)
     # and exact cells never run Performer's: editing models/performer.py leaves them alone
+    runs_impls=lambda axes: [MHA_CORES[axes["variant"]]] if axes["variant"] in MHA_CORES else [],
     optional_modules={
         "cs336sys.models.attention": lambda axes: axes["variant"] != "performer",
         "cs336sys.models.performer": lambda axes: axes["variant"] == "performer",
