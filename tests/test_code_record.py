@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cs336sys.columns import stat_columns
 from cs336sys.pipeline.code_record import changed_files, file_hashes, read_record, record_path, rerun_notes, write_record
 
 
@@ -39,6 +40,7 @@ def test_a_broken_record_explains_nothing_and_does_not_raise(tmp_path):
 
 def test_a_cells_record_names_the_catalog_lines_it_runs_not_the_whole_catalog():
     hashes = file_hashes(["cs336sys.catalog", "cs336sys.columns", "cs336sys.models.variants"], ["triton"])
-    assert set(hashes) == {"catalog.py", "catalog.py:triton", "columns.py", "models/variants.py"}
+    statistics = {f"columns.py:{name}" for name in stat_columns()}  # the measuring process computes them: in every record
+    assert set(hashes) == {"catalog.py", "catalog.py:triton", "columns.py", "models/variants.py", *statistics}
     assert file_hashes(["cs336sys.catalog"], ["triton"])["catalog.py"] != file_hashes(["cs336sys.catalog"])["catalog.py"]  # machinery only
     assert set(file_hashes(["cs336sys.catalog"])) == {"catalog.py"}  # without entries: whole files, as the report's jobs hash them
