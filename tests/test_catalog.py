@@ -256,6 +256,16 @@ def test_the_lm_studies_run_cores_of_the_attention_study():
         assert all("softmax" in i.activations for i in catalog.impls(study)), study
 
 
+def test_the_mha_studys_exact_variants_run_cores_the_catalog_serves():
+    # mha names its cores by catalog name (variants.MHA_CORES); a name the catalog lacks would drop the
+    # core's line from the cells' rerun hash (studies.cell_entries keeps catalog names only) in silence
+    from cs336sys.models.variants import MHA_CORES, MHA_VARIANTS
+
+    assert set(MHA_CORES) <= set(MHA_VARIANTS)
+    assert set(MHA_CORES.values()) <= set(catalog.names("attention"))
+    assert S.cell_entries("mha", {"variant": "exact-sdpa"}) == ("sdpa",)
+
+
 def test_the_answers_split_ours_from_pytorchs_by_family():
     ours = {i.name for i in catalog.impls("flash") if i.family in ("ours", "reference")}
     assert {"triton", "triton-atomic", "tutorial"} <= ours  # the list the answers spelled out before the catalog

@@ -106,32 +106,38 @@ def module_closure(roots: Iterable[str], exclude: Iterable[str] = ()) -> list[st
     return sorted(seen)
 
 
+def content_hash(data: bytes) -> str:
+    """The short content hash every code record and rerun hash uses."""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
 def file_hash(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    return content_hash(Path(path).read_bytes())
 
 
 def _unit_name(path: Path) -> str:
     return path.relative_to(PACKAGE_DIR).as_posix() if path.is_relative_to(PACKAGE_DIR) else path.name
 
 
+def _units_hash(units: Iterable[tuple[str, bytes]]) -> str:
+    """One hash over (name, content) units, in the order given."""
+    digest = hashlib.sha256()
+    for name, data in units:
+        digest.update(name.encode())
+        digest.update(data)
+    return digest.hexdigest()[:16]
+
+
 def code_hash(files: Iterable[str | Path]) -> str:
     """One hash over the contents and package-relative names of ``files``."""
-    digest = hashlib.sha256()
-    for path in sorted({Path(f).resolve() for f in files}):
-        digest.update(_unit_name(path).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
+    return _units_hash((_unit_name(path), path.read_bytes()) for path in sorted({Path(f).resolve() for f in files}))
 
 
 def modules_hash(modules: Iterable[str], entries: Iterable[str] | None = None) -> str:
     """The hash of ``modules``' files; with ``entries`` (a cell's), of their :func:`code_units` instead."""
     if entries is None:
         return code_hash(f for f in map(module_file, modules) if f is not None)
-    digest = hashlib.sha256()
-    for name, text in sorted(code_units(modules, entries).items()):
-        digest.update(name.encode())
-        digest.update(text.encode())
-    return digest.hexdigest()[:16]
+    return _units_hash((name, text.encode()) for name, text in sorted(code_units(modules, entries).items()))
 
 
 def code_units(modules: Iterable[str], entries: Iterable[str] = ()) -> dict[str, str]:

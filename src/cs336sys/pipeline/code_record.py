@@ -17,7 +17,6 @@ another implementation (which reruns nothing) is no change.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cs336sys.fileio import write_text_atomic
-from cs336sys.provenance import PACKAGE_DIR, code_units, file_hash, module_file
+from cs336sys.provenance import PACKAGE_DIR, code_units, content_hash, file_hash, module_file
 
 SUFFIX = ".code.json"
 
@@ -39,7 +38,7 @@ def file_hashes(modules: Iterable[str], entries: Iterable[str] | None = None) ->
     """``{package-relative path: content hash}`` of the source files of ``modules``; with ``entries`` (a
     cell's catalog lines), ``{unit: content hash}`` of the units its code hash covers (module docstring)."""
     if entries is not None:
-        return {name: hashlib.sha256(text.encode()).hexdigest()[:16] for name, text in sorted(code_units(modules, entries).items())}
+        return {name: content_hash(text.encode()) for name, text in sorted(code_units(modules, entries).items())}
     files = {module_file(m) for m in modules} - {None}
     return {path.relative_to(PACKAGE_DIR).as_posix(): file_hash(path) for path in sorted(files)}  # type: ignore[union-attr]
 
