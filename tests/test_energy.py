@@ -1,6 +1,6 @@
 """Energy per step (measure.energy) from the timed blocks' readings: the per-block J/step and its interval,
-the pass fold, tokens per joule, the rows that stay empty with a reason and the energy check's figures.
-The meter itself: test_energy_meter.py."""
+the pass fold, tokens per joule, the rows that stay empty with a reason, the energy check's figures, and
+no committed row above its GPU's power cap. The meter itself: test_energy_meter.py."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from cs336sys.measure import energy
 from cs336sys.measure.energy import COUNTER, Reading, energy_stats
 from cs336sys.measure.stats import summarize_trials
 from cs336sys.measure.timing import STEP, bench_stats
-from workflow_helpers import DEMO_RUN
+from workflow_helpers import DEMO_RUN, REPO, reference_runs
 
 CPU = torch.device("cpu")
 
@@ -256,3 +256,27 @@ def test_energy_check_passes_a_workload_within_3_percent_and_2_percent_of_cost()
     lines = table([row]).splitlines()
     assert len(lines) == 3 and lines[0].count("|") == lines[1].count("|") == lines[2].count("|")
     assert "| small bf16 inference | 3.1 | 2.78 | 2.8 [2.7, 2.9] | 1.0072 | 880 | — | 2.8/5.6 | 1.0120 [0.9950, 1.0300] | ok |" == lines[2]
+
+
+# ---------------------------------------------------------------- the committed runs
+
+
+POWER_CAP_W = {"NVIDIA H100 80GB HBM3": 700.0, "NVIDIA H200": 700.0}  # the SXM boards' power limit (TDP)
+
+
+def test_no_committed_row_implies_more_power_than_its_gpu_can_draw():
+    """J/step over the median step time is the power over the steps' own time: never above the board's cap."""
+    over, csvs = [], [p for run in reference_runs() for p in sorted((REPO / "results" / run).glob("*.csv"))]
+    for path in csvs:
+        df = pd.read_csv(path, low_memory=False)
+        if not {"energy_j", "median_ms", "phase", "device"} <= set(df.columns):
+            continue
+        joules = pd.to_numeric(df["energy_j"], errors="coerce")
+        steps = df[(df["phase"] == STEP) & (df["device"] == "cuda") & joules.notna()]
+        for _, r in steps.iterrows():
+            cap = POWER_CAP_W.get(r["device_name"])
+            assert cap is not None, f"{path.relative_to(REPO)}: no power cap known for {r['device_name']!r}: add it to POWER_CAP_W"
+            watts = float(r["energy_j"]) / (float(r["median_ms"]) / 1e3)
+            if watts > cap:
+                over.append(f"{path.relative_to(REPO)} {r['cell_id']} {r.get('mode', '')}: {watts:.0f} W")
+    assert csvs and not over, over
