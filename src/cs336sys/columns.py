@@ -27,6 +27,7 @@ TIMING_COLUMNS = [
     "stop_reason",
     # the GPU's energy per step over the timed blocks (measure.energy): on the whole-step row, empty with the reason elsewhere
     "energy_j", "energy_ci_low_j", "energy_ci_high_j", "avg_power_w", "energy_samples_j", "energy_source", "energy_note",
+    "energy_read_ms",  # what one read of NVML's counter cost in the measuring process, outside every timed block
 ]  # fmt: skip
 PASS_COLUMNS = ["passes", "pass_medians_ms"]
 # A paired comparison's row (studies' ``Study.pairs``, measure.interleave) is this ``kind``.
@@ -88,6 +89,7 @@ COLUMNS: dict[str, Column] = {c.name: c for c in [
     Column("warmup_s", "s", "sum"), Column("timed_s", "s", "sum"), Column("gpu_wait_s", "s", "sum"),
     Column("gpu_busy_frac", "", "min"),  # the most host-bound pass speaks for the cell
     Column("end_sm_clock_mhz", "MHz", "min"),  # the slowest clock any pass ended at
+    Column("energy_read_ms", "ms", "max"),  # the dearest read any pass's process measured
     Column("concurrent_jobs", "", "max"),  # contamination seen in any pass stays visible
     *(Column(c, "B", "max") for c in ("peak_mem_bytes", "mem_before_fwd_bytes", "mem_before_bwd_bytes")),
     Column("finished_at", "", "last"),

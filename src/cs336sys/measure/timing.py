@@ -234,7 +234,7 @@ def merge_timings(first: Timing, later: Timing) -> Timing:
 
 
 class Block(defaultdict):
-    """One timed block's step times per phase (ms), and the GPU's energy over the whole block (None: not metered)."""
+    """One timed block's step times per phase (ms), and the GPU's energy over its steps (None: not metered)."""
 
     energy: energy.Reading | None = None
 
@@ -242,7 +242,7 @@ class Block(defaultdict):
 def timed_block(step: Callable[[StepClock], None], steps: int, min_measure_s: float, device: torch.device,
            clock: Callable[[], float], sync: Callable[[torch.device], None], meter: energy.Meter | None = None) -> Block:  # fmt: skip
     """One timed block: ``steps`` steps (and more until ``min_measure_s``), each between two synchronisations;
-    ``meter`` reads its energy outside every step (none: interleaved blocks, the counter mixes their neighbours in)."""
+    ``meter`` samples its energy from a thread of its own, never from this loop (none: interleaved blocks)."""
     block, meter = Block(list), meter or energy.Meter(energy.NOT_METERED)
     started = clock()
     meter.begin()
@@ -253,11 +253,9 @@ def timed_block(step: Callable[[StepClock], None], steps: int, min_measure_s: fl
         step(step_clock)
         sync(device)
         block[STEP].append((clock() - start) * 1e3)
-        meter.mark()  # after the step's closing synchronisation: locates the energy counter's updates (measure.energy)
         for name, ms in step_clock.phase_ms().items():
             block[name].append(ms)
-    joules, note = meter.end()
-    block.energy = energy.Reading(joules, clock() - started, len(block[STEP]), meter.source if joules is not None else "", note)
+    block.energy = meter.end(block[STEP])  # the block's power over its steps' own time (measure.energy)
     return block
 
 
@@ -318,7 +316,7 @@ def time_steps(
         raise ValueError("steps and trials must be at least 1")
     samples: list[dict[str, list[float]]] = []
     warmup_s, timed_s, warmup_run, recorded, first_step_s = 0.0, 0.0, 0, {}, None
-    meter = energy.meter_for(device.type)  # a block follows warm-up steps of its own step: what the counter's lag mixes in is alike
+    meter = energy.meter_for(device.type)  # its sampler thread runs during each timed block (measure.energy)
     stop = "fixed"
     while True:
         t0 = clock()

@@ -36,9 +36,9 @@ says "no significant difference". Training-step phases are timed with CUDA event
 step; whole steps by the wall clock between two synchronisations. `host_bound`: the GPU was busy
 for less than the configured share of a step (torch.profiler over a few extra steps), so the time
 measures Python and the CPU as much as the GPU. Energy is the GPU's, from NVML's energy counter
-over each timed block of at least 0.5 s (the counter moves every 100 ms), on the whole-step row:
-J per step with its interval as for times, average watts (joules / seconds of those blocks) and
-tokens per joule (batch × context / J); `energy_note` says why a value is empty.
+read by a thread beside each timed block of at least 0.5 s (the counter moves every 100 ms), on the
+whole-step row: J per step with its interval as for times, average watts (joules / the steps' own
+seconds) and tokens per joule (batch × context / J); `energy_note` says why a value is empty.
 Memory is `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats` (live tensors,
 not the allocator's reserve); "before backward" is `memory_allocated` between forward and backward.
 FLOPs are analytic matmul FLOPs (2·m·n·k each); causal attention is counted at half. A model's

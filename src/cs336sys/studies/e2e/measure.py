@@ -8,13 +8,14 @@ was busy (``gpu_busy_frac``).
 
 A cell first times its own configuration alone (its peak memory and busy share
 come from this block, before anything else allocates; on a GPU with partners, two blocks of
-at least ``measure.energy.MIN_BLOCK_S``, the only blocks whose energy the counter can tell
-apart). With partners (the study's ``Study.pairs``) it then times more, in the same
-process, as interleaved blocks (``measure.interleave.time_arms``): the same step replayed as
-CUDA graphs (its ``gpu_*`` columns: what the GPU needs, free of the host's drift) and each partner
-configuration (bf16 beside fp32, SDPA beside eager attention…), whose paired ratios
-become ``kind=pair`` rows; the cell's own blocks join its first one. The busy share is
-profiled last, once nothing more is timed in the process (``measure.busy``).
+at least ``measure.energy.MIN_BLOCK_S``, long enough to hold two of the energy counter's
+updates: the interleaved blocks are a few steps each and run without the meter's sampler).
+With partners (the study's ``Study.pairs``) it then times more, in the same process, as
+interleaved blocks (``measure.interleave.time_arms``): the same step replayed as CUDA graphs (its
+``gpu_*`` columns: what the GPU needs, free of the host's drift) and each partner configuration
+(bf16 beside fp32, SDPA beside eager attention…), whose paired ratios become ``kind=pair`` rows;
+the cell's own blocks join its first one. The busy share is profiled last, once nothing more is
+timed in the process (``measure.busy``).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def measure(
             # only needs one block (peak memory); alone, it is the cell's measurement.
             first = {"steps": block_steps, "target_rel": 0.0, "min_measure_s": 0.0} if partners else {"steps": measure_steps}
             if partners and device.type == "cuda":  # interleaved blocks are not metered: two blocks long enough for the
-                first.update(trials=ENERGY_BLOCKS, min_measure_s=energy.MIN_BLOCK_S)  # energy counter (measure.energy)
+                first.update(trials=ENERGY_BLOCKS, min_measure_s=energy.MIN_BLOCK_S)  # energy meter (measure.energy)
             timing = time_steps(own[mode], warmup=warmup_steps, device=device, **first)
             extra = {"peak_mem_bytes": memory.peak_allocated_bytes(device)}
             if mode == "train":

@@ -268,9 +268,9 @@ def findings(df: pd.DataFrame) -> str:
     joules = energy_table(df)
     if not joules.empty:
         parts += [
-            "**Energy per step** (the GPU's, from NVML's energy counter over the cell's own timed blocks of at least "
-            "0.5 s, whole steps: every phase; interval over blocks and passes; `avg W` = joules / seconds of those "
-            "blocks; tokens per joule = batch × context / J):",
+            "**Energy per step** (the GPU's, from NVML's energy counter sampled beside the cell's own timed blocks of at "
+            "least 0.5 s, whole steps: every phase; interval over blocks and passes; `avg W` = joules / the steps' own "
+            "seconds; tokens per joule = batch × context / J):",
             md_table(joules, ".3g"),
         ]
     elif "energy_note" in df:
