@@ -254,11 +254,26 @@ def test_cpu_cell_runs_threaded_torch_work_after_the_parent_used_its_thread_pool
     The pytest process (like any parent that touched torch) has used ATen's OpenMP pool;
     the cell must still measure, not hang into a timeout.
     """
-    torch.ones(1 << 20).add(1).sum()  # make sure the parent's OpenMP pool exists
-    (torch.randn(256, 256) @ torch.randn(256, 256)).sum()
-    rows = run_cell(make_cell("measure_threaded_torch", timeout_s=8))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the tests run with one thread (conftest): give the parent a pool to break
+    try:
+        torch.ones(1 << 20).add(1).sum()  # make sure the parent's OpenMP pool exists
+        (torch.randn(256, 256) @ torch.randn(256, 256)).sum()
+        rows = run_cell(dataclasses.replace(make_cell("measure_threaded_torch", timeout_s=8), threads=2))
+    finally:
+        torch.set_num_threads(threads)
     assert [r["status"] for r in rows] == ["ok"], rows[-1]["error"]
-    assert rows[0]["value"] > 0
+    assert rows[0]["value"] > 0 and rows[0]["threads"] == 2
+
+
+@pytest.mark.slow
+def test_a_cpu_cell_measures_with_one_thread_unless_told(monkeypatch):
+    """Two threads on a loaded two-core machine made a tiny step 20-80x slower: a CPU cell takes one by default."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # what the measuring process would take by itself
+    (row,) = run_cell(make_cell("measure_threaded_torch"), start_method="spawn")
+    assert row["threads"] == 1
+    (row,) = run_cell(dataclasses.replace(make_cell("measure_threaded_torch"), threads=2), start_method="spawn")
+    assert row["threads"] == 2
 
 
 @pytest.mark.slow

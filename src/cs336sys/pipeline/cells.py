@@ -66,6 +66,9 @@ class Cell:
     cache_dir: str | None = None  # Triton's and torch.compile's on-disk caches: a rerun compiles and autotunes nothing
     pass_index: int = 0  # which pass over the grid (analysis.passes); copied into every row
     plugins: dict[str, Any] = field(default_factory=dict)  # the user's code this cell runs (cs336sys.plugins.cell_plugins)
+    # torch's intra-op threads in a CPU cell (None: one). Its shapes are tiny, and two threads on a loaded
+    # two-core machine made a tiny model's step 20-80x slower (OpenMP's barriers wait for a descheduled thread).
+    threads: int | None = None
 
 
 def _inject_fault(cell_id: str, spec: str) -> None:
@@ -126,6 +129,8 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
             device = pick_device(cell.device)
         except RuntimeError as exc:
             raise Skip(str(exc)) from exc
+        if device.type == "cpu":
+            torch.set_num_threads(cell.threads or 1)
         env = environment(device)
         if device.type == "cuda":
             static = gpu_state.gpu_state()
