@@ -250,6 +250,7 @@ def src_copy(tmp_path_factory):
         ("runs/report.py", set()),
     ],
 )
+@pytest.mark.slow
 def test_an_edit_to_a_module_changes_exactly_the_hashes_of_the_cells_that_run_it(src_copy, edited, changed):
     path = src_copy / "cs336sys" / edited
     original = path.read_text()
@@ -263,6 +264,7 @@ def test_an_edit_to_a_module_changes_exactly_the_hashes_of_the_cells_that_run_it
     assert _hashes(src_copy) == before  # content, not mtimes: restoring the file restores every hash
 
 
+@pytest.mark.slow
 def test_hashes_do_not_depend_on_where_the_checkout_lives(src_copy):
     assert _hashes(src_copy) == _hashes(SRC)
 
@@ -370,7 +372,8 @@ def test_flash_leaderboard_cells_appear_once():
     assert "leaderboard" not in kwargs and kwargs["seq_len"] == 128
 
 
-def test_every_study_section_of_the_presets_makes_cells():
+def test_every_study_section_of_the_presets_makes_cells(monkeypatch):
+    monkeypatch.setattr("cs336sys.pipeline.config.detected_gpu_name", lambda: None)  # run: auto, without asking nvidia-smi
     for preset in [None, *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "config").glob("*.yaml"))]:
         config = validate_config(load_config(REPO, *([preset] if preset else [])), SCHEMA)
         for study in config["studies"]:
