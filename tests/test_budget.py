@@ -78,34 +78,21 @@ def test_every_time_column_folds_by_summing_the_passes():
     assert {fold_of(c) for c in TIME_COLUMNS} == {"sum"}
 
 
-def test_an_e2e_cell_marks_its_warm_up_timed_and_paired_blocks():
-    from cs336sys.measure import timing
-    from cs336sys.studies.e2e.measure import measure
+def test_the_harness_marks_warm_up_and_timed_blocks_and_an_interleaved_comparison_its_pairs():
+    from cs336sys.measure.interleave import time_arms
+    from cs336sys.measure.timing import time_steps
 
-    timing.configure(target_rel=0.2, max_measure_s=0.2)
-    try:
-        list(
-            measure(
-                torch.device("cpu"),
-                {},
-                **cell_kwargs(
-                    "e2e",
-                    size="tiny",
-                    context_length=16,
-                    warmup_steps=1,
-                    measure_steps=2,
-                    batch_size=1,
-                    vocab_size=100,
-                    partners=[{"precision": "bf16"}],
-                    extra_sizes={"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2}},
-                ),
-            )
-        )
-    finally:
-        timing.configure(target_rel=0.0, max_measure_s=0.0)
+    def step(clock):
+        time.sleep(0.002)
+
+    cpu = torch.device("cpu")
+    time_steps(step, warmup=2, steps=3, device=cpu, trials=2, min_warmup_s=0.0, min_measure_s=0.0, target_rel=0.0)
+    after_steps = budget.spent()
+    assert after_steps["warmup"] >= 0.004 and after_steps["timed"] >= 0.012 and after_steps["pairs"] == 0.0
+    time_arms({"own": step, "partner": step}, warmup=1, block_steps=1, device=cpu, min_pairs=2, target_rel=0.0)
     spent = budget.spent()
-    assert spent["timed"] > 0 and spent["pairs"] > 0 and spent["warmup"] > 0
-    assert spent["graph"] == spent["energy"] == spent["check"] == 0.0  # no CUDA: no capture, no energy blocks
+    assert spent["pairs"] >= 0.008  # its warm-up and blocks are the comparison's, not warm-up or timed
+    assert (spent["warmup"], spent["timed"]) == (after_steps["warmup"], after_steps["timed"])
 
 
 def test_an_attention_cell_marks_its_correctness_check():
@@ -115,6 +102,14 @@ def test_an_attention_cell_marks_its_correctness_check():
         measure(torch.device("cpu"), {}, **cell_kwargs("attention", d_model=16, seq_len=32, batch_size=1, warmup_steps=0, measure_steps=1))
     )
     assert budget.spent()["check"] > 0
+
+
+def test_a_flash_cell_marks_its_first_call_check_and_timed_calls():
+    from cs336sys.studies.flash.measure import measure
+
+    list(measure(torch.device("cpu"), {}, **cell_kwargs("flash", seq_len=32, head_dim=16, precision="fp32", impl="eager", rep_ms=1.0)))
+    spent = budget.spent()
+    assert spent["warmup"] > 0 and spent["check"] > 0 and spent["timed"] > 0  # compilation and autotuning: its first call
 
 
 def _job(cell, started, job, startup, timed, pairs=0.0, **extra):
