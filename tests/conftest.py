@@ -93,10 +93,18 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def finished_demo(tmp_path_factory):
-    """One finished CPU demo for every workflow test of the session (tests/workflow_helpers.py)."""
+    """One finished CPU demo for every workflow test of the session, xdist workers included (tests/workflow_helpers.py)."""
+    from dataclasses import asdict
+
+    from workflow_helpers import FinishedDemo, once_per_session, result_from
     from workflow_helpers import finished_demo as make
 
-    return make(tmp_path_factory.mktemp("demo") / "repo")
+    def build(folder):
+        demo = make(folder / "repo")
+        return {"root": str(demo.root), "result": None if demo.result is None else asdict(demo.result)}
+
+    shared = once_per_session(tmp_path_factory, "demo", build)
+    return FinishedDemo(Path(shared["root"]), result_from(shared["result"]))
 
 
 @pytest.fixture
