@@ -90,6 +90,12 @@ def test_an_estimate_every_few_cells_and_at_the_end(run, capsys):
     assert capsys.readouterr().err.splitlines()[-1].endswith("none left")
 
 
+def test_a_plan_that_cannot_be_written_only_costs_the_estimate(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    eta.write_plan(tmp_path / "file" / "plan.json", [("e2e", "x.csv")])  # under a file: no folder can be made
+    assert "no estimate of the time left" in capsys.readouterr().err
+
+
 def test_no_plan_no_estimate_and_never_an_error(tmp_path, capsys):
     assert eta.report(tmp_path / "missing.json") is None
     (tmp_path / "bad.json").write_text("{")
