@@ -165,3 +165,18 @@ def test_kill_process_group_from_outside(tmp_path):
 def test_refuses_init_group():
     with pytest.raises(ValueError):
         lifeline.kill_process_group(1)
+
+
+@pytest.mark.slow
+def test_started_at_is_when_the_process_started_on_the_monotonic_clock():
+    before = time.monotonic()
+    proc = subprocess.Popen(["sleep", "5"])
+    after = time.monotonic()
+    try:
+        started = lifeline.started_at(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert started is not None and before - 0.05 <= started <= after + 0.05  # /proc counts in 10 ms ticks
+    assert lifeline.started_at(os.getpid()) < before
+    assert lifeline.started_at(2**22 + 12345) is None  # no such process
