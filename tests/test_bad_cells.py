@@ -256,6 +256,7 @@ runpy.run_path(job["scriptdir"] + "/merge.py", init_globals={"snakemake": snakem
 """
 
 
+@pytest.mark.slow
 def test_the_workflows_merge_job_fails_naming_the_bad_cell_and_writes_nothing(cells, tmp_path):
     cells[4].write_text(cells[4].read_text().splitlines()[0] + "\n")  # header only: the cell that vanished
     out, log = tmp_path / "results" / "bad" / "attention.csv", tmp_path / "logs" / "merge.log"

@@ -272,6 +272,7 @@ def test_the_answers_split_ours_from_pytorchs_by_family():
     assert not ours & {"eager", "compiled", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient"}
 
 
+@pytest.mark.slow
 def test_the_catalog_imports_without_torch():
     code = "import sys, cs336sys.catalog, cs336sys.models.variants; assert 'torch' not in sys.modules, 'torch imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

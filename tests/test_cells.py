@@ -5,15 +5,18 @@ The measurement generators below are looked up by the child process as
 so this module is already imported there.
 """
 
+import dataclasses
 import datetime as dt
 import faulthandler
 import os
+import time
 
 import pandas as pd
 import pytest
 import torch
 
 from cs336sys import rows as row_schema
+from cs336sys.columns import TIME_COLUMNS
 from cs336sys.fileio import atomic_path, write_text_atomic
 from cs336sys.measure.env import environment
 from cs336sys.pipeline.cells import FAULT_ENV, Cell, run_cell
@@ -63,6 +66,16 @@ def measure_threaded_torch(device, context):
     x = torch.randn(256, 256)
     y = (x @ x).sum() + torch.ones(1 << 20).add(1).sum()
     yield {"value": float(y), "threads": torch.get_num_threads()}
+
+
+def measure_with_parts(device, context):
+    from cs336sys.measure import budget
+
+    with budget.part("check"):
+        time.sleep(0.3)
+    with budget.part("timed"):
+        time.sleep(0.2)
+    yield {"mode": "inference"}
 
 
 TARGET = __name__ + ":{}"
@@ -135,6 +148,7 @@ def test_normal_cell_gives_ok_rows_with_axes_and_environment():
         assert row["device_name"].startswith("cpu")  # measured in the child, not left empty
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fault,status,message",
     [
@@ -163,6 +177,7 @@ def test_injected_hang_becomes_timeout(monkeypatch):
     assert_env_columns(rows[0])
 
 
+@pytest.mark.slow
 def test_fault_injection_only_hits_cells_matching_the_substring(monkeypatch):
     monkeypatch.setenv(FAULT_ENV, "error:context_length=512")
     hit = run_cell(make_cell(cell_id="size=small_context_length=512_precision=bf16"))
@@ -171,12 +186,14 @@ def test_fault_injection_only_hits_cells_matching_the_substring(monkeypatch):
     assert [r["status"] for r in miss] == ["ok", "ok"]
 
 
+@pytest.mark.slow
 def test_skip_raised_by_measurement_becomes_skipped():
     rows = run_cell(make_cell("measure_skip"))
     assert [r["status"] for r in rows] == ["skipped"]
     assert rows[0]["error"] == "needs a feature this machine lacks"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
 def test_cuda_cell_on_a_machine_without_cuda_is_skipped_with_the_reason():
     cell = make_cell()
@@ -187,6 +204,7 @@ def test_cuda_cell_on_a_machine_without_cuda_is_skipped_with_the_reason():
     assert rows[0]["device"] == "cuda"
 
 
+@pytest.mark.slow
 def test_rows_measured_before_an_oom_are_kept_and_the_failure_names_its_part():
     rows = run_cell(make_cell("measure_then_oom"))
     assert [r["status"] for r in rows] == ["ok", "oom"]
@@ -198,12 +216,14 @@ def test_rows_measured_before_an_oom_are_kept_and_the_failure_names_its_part():
         assert_env_columns(row)
 
 
+@pytest.mark.slow
 def test_oom_without_a_message_is_still_an_oom_row():
     rows = run_cell(make_cell("measure_oom_without_message"))
     assert [r["status"] for r in rows] == ["oom"], rows[-1]["error"]
     assert rows[0]["mode"] == "train"
 
 
+@pytest.mark.slow
 def test_rows_measured_before_an_error_are_kept():
     rows = run_cell(make_cell("measure_then_error"))
     assert [r["status"] for r in rows] == ["ok", "error"]
@@ -211,12 +231,14 @@ def test_rows_measured_before_an_error_are_kept():
     assert rows[1]["error"] == "ValueError: shapes do not match in train step"
 
 
+@pytest.mark.slow
 def test_child_exiting_without_reporting_is_an_error_with_its_exit_code():
     rows = run_cell(make_cell("measure_exit_silently"))
     assert [r["status"] for r in rows] == ["ok", "error"]
     assert "exited with code 3" in rows[1]["error"]
 
 
+@pytest.mark.slow
 def test_unimportable_target_is_an_error_row():
     cell = make_cell()
     cell.target = "cs336sys.no_such_module:measure"
@@ -225,22 +247,48 @@ def test_unimportable_target_is_an_error_row():
     assert "no_such_module" in rows[0]["error"]
 
 
+@pytest.mark.slow
 def test_cpu_cell_runs_threaded_torch_work_after_the_parent_used_its_thread_pools():
     """Regression: forking after the parent ran OpenMP-parallel ops deadlocks the child's first parallel op.
 
     The pytest process (like any parent that touched torch) has used ATen's OpenMP pool;
     the cell must still measure, not hang into a timeout.
     """
-    torch.ones(1 << 20).add(1).sum()  # make sure the parent's OpenMP pool exists
-    (torch.randn(256, 256) @ torch.randn(256, 256)).sum()
-    rows = run_cell(make_cell("measure_threaded_torch", timeout_s=8))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the tests run with one thread (conftest): give the parent a pool to break
+    try:
+        torch.ones(1 << 20).add(1).sum()  # make sure the parent's OpenMP pool exists
+        (torch.randn(256, 256) @ torch.randn(256, 256)).sum()
+        rows = run_cell(dataclasses.replace(make_cell("measure_threaded_torch", timeout_s=8), threads=2))
+    finally:
+        torch.set_num_threads(threads)
     assert [r["status"] for r in rows] == ["ok"], rows[-1]["error"]
-    assert rows[0]["value"] > 0
+    assert rows[0]["value"] > 0 and rows[0]["threads"] == 2
+
+
+@pytest.mark.slow
+def test_a_cpu_cell_measures_with_one_thread_unless_told(monkeypatch):
+    """Two threads on a loaded two-core machine made a tiny step 20-80x slower: a CPU cell takes one by default."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # what the measuring process would take by itself
+    (row,) = run_cell(make_cell("measure_threaded_torch"), start_method="spawn")
+    assert row["threads"] == 1
+    (row,) = run_cell(dataclasses.replace(make_cell("measure_threaded_torch"), threads=2), start_method="spawn")
+    assert row["threads"] == 2
+
+
+@pytest.mark.slow
+def test_rows_split_the_job_wall_time_into_start_up_and_what_the_measurement_did(monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "sleep=0.5")  # half a second more start-up, before the measurement begins
+    (row,) = run_cell(make_cell("measure_with_parts"), job_started=time.monotonic() - 1.0)  # the job began 1 s before
+    assert row["time_check_s"] >= 0.3 and row["time_timed_s"] >= 0.2 and row["time_pairs_s"] == 0.0
+    assert row["time_startup_s"] >= 1.5
+    assert sum(row[c] for c in TIME_COLUMNS if c != "time_job_s") == pytest.approx(row["time_job_s"], abs=0.01)
 
 
 # ---------------------------------------------------------------- frames and CSVs
 
 
+@pytest.mark.slow
 def test_rows_to_frame_orders_head_axes_where_measurements_environment():
     rows = run_cell(make_cell(n=1))
     frame = rows_to_frame(rows, axes=["x", "precision"])
@@ -254,6 +302,7 @@ def test_rows_to_frame_orders_head_axes_where_measurements_environment():
     assert order_columns(["b", "status", "a", "host", "phase"], axes=["a"]) == ["status", "a", "phase", "b", "host"]
 
 
+@pytest.mark.slow
 def test_frames_with_mixed_statuses_keep_every_row():
     frame = rows_to_frame(run_cell(make_cell("measure_then_oom")), axes=["x"])
     assert list(frame["status"]) == ["ok", "oom"]

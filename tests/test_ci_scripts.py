@@ -22,6 +22,7 @@ def _slurm_status(folder: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(REPO / "ci" / "local-slurm.sh"), "status"], env=env, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true", reason="ci/local-slurm.sh runs as root only")
 @pytest.mark.parametrize("make", ["writable", "symlink"])
 def test_local_slurm_refuses_a_state_folder_others_could_have_made(tmp_path, make):
@@ -35,6 +36,7 @@ def test_local_slurm_refuses_a_state_folder_others_could_have_made(tmp_path, mak
     assert out.returncode == 1 and f"{target} is not root's own private folder" in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 def test_gpu_run_keeps_its_packages_and_bytecode_out_of_tmp(tmp_path):
     (tmp_path / ".whl").mkdir()
     # an install already done for this (empty) wheel set: the script's stamp, so no pip runs here

@@ -101,6 +101,7 @@ def test_non_positive_and_out_of_range_numbers_are_rejected(capsys):
 # ---------------------------------------------------------------- runs
 
 
+@pytest.mark.slow
 def test_failed_cell_prints_its_row_writes_the_csv_and_exits_non_zero(monkeypatch, capsys, tiny_config, tmp_path):
     monkeypatch.setenv(FAULT_ENV, "oom")
     out_csv = tmp_path / "out" / "cell.csv"
@@ -114,6 +115,7 @@ def test_failed_cell_prints_its_row_writes_the_csv_and_exits_non_zero(monkeypatc
     assert frame["size"].iloc[0] == "tiny" and frame["context_length"].iloc[0] == 8
 
 
+@pytest.mark.slow
 def test_auto_device_without_cuda_says_it_runs_on_cpu(monkeypatch, capsys, tiny_config):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv(FAULT_ENV, "error")  # stop the cell before it measures: this test is about the device choice

@@ -46,7 +46,8 @@ def test_schema_studies_match_the_library_and_the_rules():
     assert not [p.name for p in (REPO / "workflow" / "rules").glob("*.smk") if p.stem in names], "a per-study rule file is back"
 
 
-def test_default_config_validates():
+def test_default_config_validates(monkeypatch):
+    monkeypatch.setattr("cs336sys.pipeline.config.detected_gpu_name", lambda: None)  # run: auto (test_run_name asks a GPU)
     validate_config(load_config(REPO), SCHEMA)
 
 

@@ -106,6 +106,7 @@ def committed_runs() -> set[str]:
     return runs
 
 
+@pytest.mark.slow
 def test_the_committed_runs_are_the_reference_runs_of_docs_results_md():
     committed, listed = committed_runs(), listed_runs()
     assert committed == listed, (
@@ -113,6 +114,7 @@ def test_the_committed_runs_are_the_reference_runs_of_docs_results_md():
     )
 
 
+@pytest.mark.slow
 def test_git_ignores_any_other_run_and_keeps_the_reference_runs():
     others = ["results/my-run/e2e.csv", "report/my-run/report.md", "report/compare/a-vs-b/report.md"]
     reference = [f"results/{r}/config.yaml" if (REPO / "results" / r).is_dir() else f"report/{r}/report.md" for r in sorted(listed_runs())]

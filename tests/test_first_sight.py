@@ -123,6 +123,7 @@ def test_a_finished_run_names_its_report_answers_and_the_html_command(tmp_path, 
     assert "snakemake --report report.html --configfile config/cpu-demo.yaml --config run=r" in text
 
 
+@pytest.mark.slow
 def test_report_without_a_run_points_to_the_demo_only_where_the_gpu_sweep_cannot_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     no_gpu, has_gpu = (lambda: True), (lambda: False)

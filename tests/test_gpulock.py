@@ -113,6 +113,7 @@ def _start_holder_forever(tmp_path):
     return proc
 
 
+@pytest.mark.slow
 def test_timeout_names_holder_and_sigkilled_holder_leaves_no_stale_lock(lock_env):
     proc = _start_holder_forever(lock_env)
     try:

@@ -128,6 +128,7 @@ def _plant_symlink(target: str, link: str) -> None:
     os.symlink(target, link)
 
 
+@pytest.mark.slow
 def test_lock_dir_made_first_by_another_user_is_refused(other_user, shared_base, victim, fake_gpu, monkeypatch):
     # After a reboot the attacker creates the lock directory first and points <uuid>.lock at a root file.
     locks = use_locks(monkeypatch, shared_base / "locks")
@@ -138,6 +139,7 @@ def test_lock_dir_made_first_by_another_user_is_refused(other_user, shared_base,
     assert_refused(outcome, str(locks), other_user.pw_name)
 
 
+@pytest.mark.slow
 def test_lock_dir_that_is_a_symlink_is_refused(other_user, shared_base, tmp_path, fake_gpu, monkeypatch):
     # ... or points the lock directory itself at a directory of root's
     target = tmp_path / "roots-dir"
@@ -149,6 +151,7 @@ def test_lock_dir_that_is_a_symlink_is_refused(other_user, shared_base, tmp_path
     assert_refused(outcome, str(locks), "symbolic link", other_user.pw_name)
 
 
+@pytest.mark.slow
 def test_symlink_in_the_shared_sticky_dir_is_refused(other_user, shared_base, victim, fake_gpu, monkeypatch):
     # The directory is root's and sticky (as we make it), but fs.protected_symlinks may be 0 (it is here).
     locks = use_locks(monkeypatch, shared_base / "locks")
@@ -168,6 +171,7 @@ def _plant_dir(path: str) -> None:
     os.mkdir(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fifo", "directory", "hard link"])
 def test_a_lock_path_that_is_no_plain_file_is_refused(kind, other_user, shared_base, victim, fake_gpu, monkeypatch):
     locks = use_locks(monkeypatch, shared_base / "locks")
@@ -191,6 +195,7 @@ def _make_private_lock_file(path: str) -> None:
     os.close(fd)
 
 
+@pytest.mark.slow
 def test_another_users_lock_file_is_locked_but_never_chmodded(other_user, shared_base, fake_gpu, monkeypatch):
     locks = use_locks(monkeypatch, shared_base / "locks")
     gpulock.lock_dir()
@@ -219,6 +224,7 @@ def _acquire_free_as_other(locks: str) -> None:
         assert json.loads(lease.path.read_text())["pid"] == os.getpid()  # the holder record is ours
 
 
+@pytest.mark.slow
 def test_two_users_share_one_lock(other_user, shared_base, fake_gpu, monkeypatch):
     locks = use_locks(monkeypatch, shared_base / "locks")
     out = shared_base / "out"
@@ -241,6 +247,7 @@ def test_lock_path_with_a_slash_is_refused(tmp_path, monkeypatch):
     assert_refused(try_acquire(gpus=[GpuId(0, "../escape")]), "../escape")
 
 
+@pytest.mark.slow
 def test_refused_lock_runs_the_cell_unlocked_and_says_so(other_user, shared_base, victim, fake_gpu, monkeypatch, capfd):
     locks = use_locks(monkeypatch, shared_base / "locks")
     as_user(other_user, _mkdir_open, str(locks))
@@ -344,12 +351,14 @@ def real_gpus(monkeypatch, tmp_path):
     return answer
 
 
+@pytest.mark.slow
 def test_rows_say_when_no_gpu_could_be_listed(real_gpus):
     real_gpus(None, None)
     rows = run_cell(make_cell(device="cuda"))  # skipped on a machine without CUDA, measured on one with
     assert {r["gpu_lock"] for r in rows} == {"none: no GPU could be listed (NVML and nvidia-smi failed)"}
 
 
+@pytest.mark.slow
 def test_rows_say_when_the_gpu_is_a_mig_slice(real_gpus, monkeypatch):
     real_gpus([GpuId(0, "GPU-aaaa-1111")])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-5c1d-2222")
@@ -368,6 +377,7 @@ def test_find_gpus_gives_the_reason_for_an_empty_list(real_gpus, monkeypatch):
     assert gpulock.visible_gpus() == []
 
 
+@pytest.mark.slow
 def test_rows_say_held_or_cpu_cell(real_gpus, monkeypatch):
     real_gpus(None, None)
     (row,) = run_cell(make_cell(device="cpu"))
@@ -474,6 +484,7 @@ def _plant_registry_traps(locks: str, victim: str) -> None:
     os.mkdir(os.path.join(locks, "job-evil-3.json"))
 
 
+@pytest.mark.slow
 def test_planted_job_records_are_ignored(other_user, shared_base, victim, fake_gpu, monkeypatch):
     locks = use_locks(monkeypatch, shared_base / "locks")
     gpulock.lock_dir()
@@ -485,6 +496,7 @@ def test_planted_job_records_are_ignored(other_user, shared_base, victim, fake_g
     assert row["status"] == "ok" and row["gpu_lock"] == "held" and row["concurrent_jobs"] == 0, row
 
 
+@pytest.mark.slow
 def test_a_killed_jobs_record_is_not_counted_and_is_cleaned_up(tmp_path, monkeypatch):
     from cs336sys.pipeline import hostjobs
 

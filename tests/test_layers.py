@@ -20,7 +20,7 @@ import pytest
 
 from cs336sys import studies as S
 from cs336sys.pipeline.config import load_schema, validate_config
-from workflow_helpers import DEMO, REPO, load_config
+from workflow_helpers import DEMO, REPO, load_config, once_per_session
 
 SRC = REPO / "src"
 PACKAGE = SRC / "cs336sys"
@@ -108,24 +108,44 @@ def test_the_torch_probe_itself_sees_torch():
 
 # ---------------------------------------------------------------- 2. rerun hashes are complete
 
-# Runs one cell's measurement the way the measuring child does (runner imported, then the target),
-# in-process on the CPU, and prints the cs336sys modules that were loaded.
-_RUN_CELL = r"""
-import importlib, json, sys
+# Runs each cell's measurement the way the measuring child does (runner imported, then the target) on
+# the CPU, and prints the cs336sys modules each loaded. One interpreter imports torch and the runner once
+# and forks a child per cell (as the warm worker does): each child starts where a fresh measuring process
+# would, and the cells pay one torch import between them instead of one each.
+_RUN_CELLS = r"""
+import importlib, json, os, sys
 import torch
 import cs336sys.pipeline.cells  # the runner: the measuring child is this module's process
 from cs336sys.rows import Skip
 
-settings = json.loads(sys.argv[1] if len(sys.argv) > 1 else SETTINGS)
-module, _, name = settings["target"].partition(":")
-measure = getattr(importlib.import_module(module), name)
-status = "ok"
-try:
-    rows = list(measure(device=torch.device("cpu"), context={}, **settings["kwargs"]))
-    assert rows, "the measurement yielded no row"
-except Skip as exc:  # a cell that cannot run on a CPU still loaded what it loaded
-    status = f"skipped: {exc}"
-print(json.dumps({"status": status, "modules": sorted(m for m in sys.modules if m.split(".")[0] == "cs336sys")}))
+def run(settings):
+    module, _, name = settings["target"].partition(":")
+    measure = getattr(importlib.import_module(module), name)
+    status = "ok"
+    try:
+        rows = list(measure(device=torch.device("cpu"), context={}, **settings["kwargs"]))
+        assert rows, "the measurement yielded no row"
+    except Skip as exc:  # a cell that cannot run on a CPU still loaded what it loaded
+        status = f"skipped: {exc}"
+    return {"status": status, "modules": sorted(m for m in sys.modules if m.split(".")[0] == "cs336sys")}
+
+found = {}
+for key, settings in json.loads(SETTINGS).items():
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            text = json.dumps(run(settings))
+        except BaseException as exc:
+            text = json.dumps({"error": repr(exc)})
+        os.write(write, text.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        found[key] = json.loads(pipe.read() or b'{"error": "the child died"}')
+    os.waitpid(pid, 0)
+print(json.dumps(found))
 """
 
 CHOICE_AXES = ("impl", "variant", "part")  # one cell per value: they select different code
@@ -149,13 +169,26 @@ def _demo_cell_params():
     return [pytest.param(study, axes, id=f"{study}-{S.cell_id(study, axes)}") for study, axes in _demo_cells(config)]
 
 
+@pytest.fixture(scope="module")
+def loaded_modules(demo_config, tmp_path_factory) -> dict[str, dict]:
+    """Cell id → what its measurement loaded (``_RUN_CELLS``), for every cell of :func:`_demo_cells`, once a session."""
+
+    def build(folder: Path) -> dict:
+        cells = {
+            S.cell_id(study, axes): S.cell_settings(study, axes, demo_config, artifact_dir=str(folder / S.cell_id(study, axes)))
+            for study, axes in _demo_cells(demo_config)
+        }
+        return _last_json(_python(f"SETTINGS = {json.dumps(json.dumps(cells))}\n" + _RUN_CELLS, timeout=1800))
+
+    return once_per_session(tmp_path_factory, "cell-modules", build)
+
+
 @pytest.mark.slow  # a measuring child per cell
 @pytest.mark.parametrize("study, axes", _demo_cell_params())
-def test_every_module_a_cell_loads_is_in_its_code_hash(demo_config, tmp_path, study, axes):
-    settings = S.cell_settings(study, axes, demo_config, artifact_dir=str(tmp_path / "artifacts"))
-    assert settings["target"] == f"cs336sys.studies.{study}.measure:measure"
-    code = f"SETTINGS = {json.dumps(json.dumps(settings))}\n" + _RUN_CELL
-    result = _last_json(_python(code, timeout=600))
+def test_every_module_a_cell_loads_is_in_its_code_hash(demo_config, loaded_modules, study, axes):
+    assert S.cell_settings(study, axes, demo_config)["target"] == f"cs336sys.studies.{study}.measure:measure"
+    result = loaded_modules[S.cell_id(study, axes)]
+    assert "error" not in result, result
     hashed = set(S.cell_modules(study, axes))
     loaded = set(result["modules"])
     assert f"cs336sys.studies.{study}.measure" in loaded, result
@@ -250,6 +283,7 @@ def src_copy(tmp_path_factory):
         ("runs/report.py", set()),
     ],
 )
+@pytest.mark.slow
 def test_an_edit_to_a_module_changes_exactly_the_hashes_of_the_cells_that_run_it(src_copy, edited, changed):
     path = src_copy / "cs336sys" / edited
     original = path.read_text()
@@ -263,6 +297,7 @@ def test_an_edit_to_a_module_changes_exactly_the_hashes_of_the_cells_that_run_it
     assert _hashes(src_copy) == before  # content, not mtimes: restoring the file restores every hash
 
 
+@pytest.mark.slow
 def test_hashes_do_not_depend_on_where_the_checkout_lives(src_copy):
     assert _hashes(src_copy) == _hashes(SRC)
 
@@ -370,7 +405,8 @@ def test_flash_leaderboard_cells_appear_once():
     assert "leaderboard" not in kwargs and kwargs["seq_len"] == 128
 
 
-def test_every_study_section_of_the_presets_makes_cells():
+def test_every_study_section_of_the_presets_makes_cells(monkeypatch):
+    monkeypatch.setattr("cs336sys.pipeline.config.detected_gpu_name", lambda: None)  # run: auto, without asking nvidia-smi
     for preset in [None, *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "config").glob("*.yaml"))]:
         config = validate_config(load_config(REPO, *([preset] if preset else [])), SCHEMA)
         for study in config["studies"]:

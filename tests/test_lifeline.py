@@ -75,20 +75,24 @@ def _orphan_dies_with_job(tmp_path, arm: str, within_s: float) -> bool:
             os.kill(child, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_child_dies_when_job_is_sigkilled(tmp_path):
     assert _orphan_dies_with_job(tmp_path, "lifeline.die_with_parent(parent)", within_s=1.0)
 
 
+@pytest.mark.slow
 def test_without_lifeline_the_orphan_survives(tmp_path):
     # the control: what the test above would see without die_with_parent
     assert not _orphan_dies_with_job(tmp_path, "pass", within_s=1.0)
 
 
+@pytest.mark.slow
 def test_watchdog_fallback(tmp_path):
     # the non-Linux path (polls getppid every 0.5 s), exercised here
     assert _orphan_dies_with_job(tmp_path, "lifeline._start_watchdog(parent, 9)", within_s=1.5)
 
 
+@pytest.mark.slow
 def test_parent_already_gone_exits_at_once():
     # parent_pid is not our parent: as if it died between fork and prctl
     code = "from cs336sys.pipeline import lifeline; lifeline.die_with_parent(1); import time; time.sleep(30)"
@@ -117,6 +121,7 @@ print("survived", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_job_kills_its_own_group_including_grandchild(tmp_path):
     pids = tmp_path / "pids"
     job = subprocess.run([sys.executable, "-c", GROUP_JOB, str(pids)], env=ENV, capture_output=True, text=True, timeout=30)
@@ -139,6 +144,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 def test_kill_process_group_from_outside(tmp_path):
     pidfile = tmp_path / "grand.pid"
     job = subprocess.Popen([sys.executable, "-c", OUTSIDE_JOB, str(pidfile)], env=ENV, start_new_session=True)
@@ -159,3 +165,18 @@ def test_kill_process_group_from_outside(tmp_path):
 def test_refuses_init_group():
     with pytest.raises(ValueError):
         lifeline.kill_process_group(1)
+
+
+@pytest.mark.slow
+def test_started_at_is_when_the_process_started_on_the_monotonic_clock():
+    before = time.monotonic()
+    proc = subprocess.Popen(["sleep", "5"])
+    after = time.monotonic()
+    try:
+        started = lifeline.started_at(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert started is not None and before - 0.05 <= started <= after + 0.05  # /proc counts in 10 ms ticks
+    assert lifeline.started_at(os.getpid()) < before
+    assert lifeline.started_at(2**22 + 12345) is None  # no such process

@@ -87,6 +87,7 @@ def test_a_partial_report_uses_the_snapshots_bandwidth(tmp_path):
     assert pd.read_csv(results / "attention.csv")["peak_gbps"].tolist() == [50.0]
 
 
+@pytest.mark.slow
 def test_the_cli_applies_peak_gbps_from_its_config_file(tmp_path, capsys):
     cfg = tmp_path / "bw.yaml"
     quick = {"warmup_steps": 0, "measure_steps": 2, "trials": 1, "min_warmup_s": 0, "min_measure_s": 0}

@@ -124,6 +124,7 @@ def test_bad_plugin_shapes_are_refused_by_key(change, key, says):
         ),
     ],
 )
+@pytest.mark.slow
 def test_plugins_that_do_not_import_or_fit_are_refused_by_key(change, key, says):
     bad = section()
     change(bad)
@@ -187,6 +188,7 @@ def test_the_check_finds_a_wrong_implementation(function, form):
         check_attention(_fn(function, form), (2, 1, 64, 16), "fp32", True, torch.device("cpu"))
 
 
+@pytest.mark.slow
 def test_a_wrong_implementation_is_a_wrong_row_without_a_time():
     from cs336sys.pipeline.cells import Cell, run_cell
 

@@ -78,6 +78,7 @@ def _edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
+@pytest.mark.slow
 def test_adding_a_study_package_changes_no_cell_hash(src_copy):
     before = _hashes(src_copy)
     package = src_copy / "cs336sys" / "studies" / "toy"
@@ -99,6 +100,7 @@ def _selects(cell: str, impl: str) -> bool:
     return any(p.axis == "impl" and p.other == impl and axes.get("impl") == p.base for p in S.study(study).pairs)
 
 
+@pytest.mark.slow
 def test_a_new_catalog_line_changes_no_cell_hash_and_an_edited_one_only_its_cells(src_copy):
     catalog = src_copy / "cs336sys" / "catalog.py"
     before = _hashes(src_copy)
@@ -116,6 +118,7 @@ def test_a_new_catalog_line_changes_no_cell_hash_and_an_edited_one_only_its_cell
     assert {c for c in before if after[c] == before[c]} == set(), "an edit outside the table reruns every cell"
 
 
+@pytest.mark.slow
 def test_a_new_fold_column_changes_no_cell_hash_but_a_new_statistic_changes_every_cell(src_copy):
     columns = src_copy / "cs336sys" / "columns.py"
     before = _hashes(src_copy)
@@ -160,6 +163,7 @@ print(json.dumps(sorted(m for m in sys.modules if m.startswith("cs336sys.studies
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("study", list(S.STUDIES))
 def test_a_measuring_child_loads_no_other_study_than_its_measurement_imports(study):
     from cs336sys.provenance import module_closure

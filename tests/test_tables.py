@@ -108,6 +108,7 @@ def test_each_fixture_is_a_run_of_the_registered_study_it_is_named_after():
         assert studies == {name}, f"{f}: rows of {sorted(studies)}"
 
 
+@pytest.mark.slow
 def test_no_committed_run_is_the_cpu_demo():
     assert not [f for f in _committed_csvs() if "/cpu-demo/" in f]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -35,6 +36,8 @@ from workflow_helpers import (
     grid,
     load_config,
     markdown_section,
+    once_per_session,
+    result_from,
     snakemake,
     write_yaml,
 )
@@ -143,13 +146,16 @@ REDUCED = {  # over config/cpu-demo.yaml: 1-2 cells per study, mha with an exact
 }  # fmt: skip
 
 
-@pytest.fixture(scope="session")  # not module: an xdist worker that moves between files would build it again
+@pytest.fixture(scope="session")  # once for every worker (read only: a test edits a clone, `rerun`)
 def reduced(tmp_path_factory):
-    root = copy_repo(tmp_path_factory.mktemp("reduced") / "repo")
-    write_yaml(root / REDUCED_FILE, REDUCED)
-    result = snakemake(root, "--configfile", DEMO, REDUCED_FILE)
-    assert result.returncode == 0, f"the reduced workflow failed:\n{result.describe()}"
-    return root
+    def build(folder: Path) -> str:
+        root = copy_repo(folder / "repo")
+        write_yaml(root / REDUCED_FILE, REDUCED)
+        result = snakemake(root, "--configfile", DEMO, REDUCED_FILE)
+        assert result.returncode == 0, f"the reduced workflow failed:\n{result.describe()}"
+        return str(root)
+
+    return Path(once_per_session(tmp_path_factory, "reduced", build))
 
 
 @pytest.fixture
@@ -282,7 +288,11 @@ ATTENTION_ONLY = {
 
 
 def _fault_run(tmp_path_factory, name: str, fault: str, override: dict, import_log: bool = False):
-    root = copy_repo(tmp_path_factory.mktemp(name) / "repo")
+    return _fault_run_in(tmp_path_factory.mktemp(name), fault, override, import_log)
+
+
+def _fault_run_in(folder: Path, fault: str, override: dict, import_log: bool = False):
+    root = copy_repo(folder / "repo")
     write_yaml(root / FAULT_FILE, override)
     env = {FAULT_ENV: fault}
     if import_log:
@@ -307,7 +317,12 @@ def _failure_lines(root: Path) -> list[str]:
 
 @pytest.fixture(scope="session")  # as `reduced`
 def oom_run(tmp_path_factory):
-    return _fault_run(tmp_path_factory, "oom", "oom:activation=relu", ATTENTION_ONLY, import_log=True)
+    def build(folder: Path) -> dict:
+        root, result = _fault_run_in(folder, "oom:activation=relu", ATTENTION_ONLY, import_log=True)
+        return {"root": str(root), "result": asdict(result)}
+
+    shared = once_per_session(tmp_path_factory, "oom", build)
+    return Path(shared["root"]), result_from(shared["result"])
 
 
 def test_injected_oom_is_a_row_and_the_workflow_finishes(oom_run):

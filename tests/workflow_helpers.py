@@ -8,6 +8,8 @@ copy's sources are what count (the workflow puts the copy's src/ first on sys.pa
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import re
 import shutil
@@ -15,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +99,30 @@ class FinishedDemo:
 
     root: Path
     result: Result | None  # the run that made it; None: the checkout's own demo was up to date and is read as it is
+
+
+def once_per_session(tmp_path_factory, name: str, build: Callable[[Path], Any]) -> Any:
+    """What ``build(folder)`` returns (JSON), built once for the whole session, every xdist worker included.
+
+    A session fixture is per worker: four workers that each need the reduced run would each run the
+    workflow, four at a time on two cores. The first worker to ask builds it in a folder the workers
+    share; the others wait on a lock and read what it returned. A build that fails is tried again.
+    """
+    base = tmp_path_factory.getbasetemp()
+    base = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common folder
+    folder, done = base / f"shared-{name}", base / f"shared-{name}.json"
+    with open(base / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            done.write_text(json.dumps(build(folder)))
+    return json.loads(done.read_text())
+
+
+def result_from(fields: Mapping[str, Any] | None) -> Result | None:
+    """A :class:`Result` from its ``asdict`` (what :func:`once_per_session` keeps)."""
+    return None if fields is None else Result(**fields)
 
 
 def finished_demo(dest: Path) -> FinishedDemo:

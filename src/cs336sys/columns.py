@@ -11,6 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 HEAD_COLUMNS = ["study", "cell_id", "status", "error"]
+# Where a cell job's wall time went (``time_job_s``), split into parts that add up to it: start-up
+# (the job's process, the warm worker's hand-off, the wait for a GPU, the measuring child's fork and
+# CUDA context), the parts the measurement marks (measure.budget) and ``other`` (models and inputs
+# built, rows assembled, the child's exit). Written by the cell runner on every row of the job.
+TIME_PARTS = ("startup", "check", "warmup", "timed", "pairs", "graph", "energy", "profile", "other")
+TIME_COLUMNS = ["time_job_s", *(f"time_{p}_s" for p in TIME_PARTS)]
 ENV_COLUMNS = [
     "device", "device_name", "driver_version", "torch_version", "cuda_version",
     "python_version", "git_commit", "host", "started_at", "finished_at",
@@ -18,6 +24,7 @@ ENV_COLUMNS = [
     "gpu_lock",  # held | none: <reason> (pipeline.gpulock)
     "concurrent_jobs", "concurrent_runs",  # jobs of other runs busy beside the measurement, and their runs
     "pass_index",  # which pass over the grid measured the row (analysis.passes)
+    *TIME_COLUMNS,
 ]  # fmt: skip
 WHERE_COLUMNS = ["mode", "phase"]  # where inside a cell a row was measured
 # Columns every timed row carries (measure.timing): an axis of the same name would be overwritten.
@@ -87,6 +94,7 @@ COLUMNS: dict[str, Column] = {c.name: c for c in [
     *(Column(c, "J", "pooled") for c in ("energy_j", "energy_ci_low_j", "energy_ci_high_j", "energy_samples_j")),
     Column("avg_power_w", "W", "pooled"), Column("host_launch_us", "us", "pooled"),
     Column("warmup_s", "s", "sum"), Column("timed_s", "s", "sum"), Column("gpu_wait_s", "s", "sum"),
+    *(Column(c, "s", "sum") for c in TIME_COLUMNS),  # a cell's time over all its passes
     Column("gpu_busy_frac", "", "min"),  # the most host-bound pass speaks for the cell
     Column("end_sm_clock_mhz", "MHz", "min"),  # the slowest clock any pass ended at
     Column("energy_read_ms", "ms", "max"),  # the dearest read any pass's process measured

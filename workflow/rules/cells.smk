@@ -27,5 +27,6 @@ for _study in STUDIES:
                 cell=cell_settings(_study, _k),
                 code=cell_code(_study),
                 script=SCRIPT_HASH["run_cell.py"],
+                plan=sweep_plan(),
             script:
                 "../scripts/run_cell.py"

@@ -13,6 +13,7 @@ from snakemake.exceptions import WorkflowError
 from cs336sys import studies as S
 from cs336sys.cli import command_line
 from cs336sys.pipeline.faults import FAULT_ENV, check_fault_spec
+from cs336sys.pipeline.eta import write_plan
 from cs336sys.pipeline.gpulock import visible_gpus
 from cs336sys.pipeline.jobs import cell_threads
 from cs336sys.pipeline.priorities import callable_priorities, expected_seconds, job_priorities
@@ -56,17 +57,28 @@ def measures_cells() -> bool:
     return any(job.rule.name in CELL_RULES for job in workflow.dag.needrun_jobs())
 
 
+def write_sweep_plan():
+    """The cell jobs this invocation runs, for the estimate of the time left that the jobs print (pipeline.eta)."""
+    cells = [
+        (CELL_RULES[job.rule.name], job.output[0])
+        for job in workflow.dag.needrun_jobs()
+        if job.rule.name in CELL_RULES
+    ]
+    write_plan(sweep_plan(), cells, _limit["gpu"] if isinstance(_limit["gpu"], int) else 1)
+
+
 onstart:
     if measures_cells():
         check_local_cuda()
+        write_sweep_plan()
 
 
 RUN = config["run"]
 STUDIES = list(config["studies"])
 GRIDS = {study: S.grid(study, config) for study in STUDIES}
 MAX_PASSES = max(config[s].get("passes", 1) for s in STUDIES)
-CELL_RULES = {
-    f"{study}_cell" if k == 0 else f"{study}_pass{k}" for study in STUDIES for k in range(MAX_PASSES)
+CELL_RULES = {  # rule name → study
+    f"{study}_cell" if k == 0 else f"{study}_pass{k}": study for study in STUDIES for k in range(MAX_PASSES)
 }
 
 
@@ -124,6 +136,10 @@ def pass_cells(study):
 
 def benchmark_dir():
     return f"benchmarks/{RUN}"
+
+
+def sweep_plan():
+    return f"logs/{RUN}/sweep-plan.json"  # this invocation's cell jobs (pipeline.eta)
 
 
 def study_csv(study="{study}"):

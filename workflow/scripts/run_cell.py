@@ -1,10 +1,12 @@
-"""One grid cell: settings from the rule's params → the warm worker (or this process) → one CSV (atomic)."""
+"""One grid cell: settings from the rule's params → the warm worker (or this process) → one CSV (atomic); then,
+every few cells, how long the sweep has left (to the console)."""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1] / "src"))  # scriptdir is workflow/rules/../scripts
 
+from cs336sys.pipeline.eta import report
 from cs336sys.pipeline.warm import run_job  # no torch here: the warm worker has imported it
 
 run_job(  # the job's log gets the summary
@@ -14,3 +16,4 @@ run_job(  # the job's log gets the summary
     snakemake.log[0],
     warm=bool(snakemake.resources.warm),
 )
+report(snakemake.params.plan)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from cs336sys.measure.budget import counted
 from cs336sys.measure.stats import gpu_busy_fraction
 from cs336sys.measure.timing import StepClock, mark_gpu_busy, mark_profiled, synchronize
 
@@ -37,6 +38,7 @@ def busy_note(busy: float | None, device: torch.device) -> str:
     return NO_CUDA if device.type != "cuda" else LATER_PASS if not ENABLED else "no kernel window recorded"
 
 
+@counted("profile")
 def gpu_busy_share(step: Callable[[StepClock], None], device: torch.device, steps: int = 3) -> float | None:
     """Median share of a step's wall time with GPU work in flight; None on a CPU or when not :data:`ENABLED`."""
     if device.type != "cuda" or not ENABLED:

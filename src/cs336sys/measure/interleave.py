@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from cs336sys.measure.stats import Interval, paired_ratio
+from cs336sys.measure.budget import counted
+from cs336sys.measure.stats import Interval, paired_ratio, rel_half_width
 from cs336sys.measure.timing import (
     MAX_TRIALS,
     POLICY,
@@ -28,7 +29,6 @@ from cs336sys.measure.timing import (
     check_not_profiled,
     gpu_recently_busy,
     mark_gpu_busy,
-    rel_half_width,
     state_sampler,
     summarize,
     synchronize,
@@ -53,6 +53,7 @@ class ArmsTiming:
         return paired_ratio(self.blocks[a].get(phase, []), self.blocks[b].get(phase, []))
 
 
+@counted("pairs")
 def time_arms(
     arms: Mapping[str, Callable[[StepClock], None]],
     *,

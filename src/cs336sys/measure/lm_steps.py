@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from cs336sys import plugins
 from cs336sys.measure import SEED, memory
+from cs336sys.measure.budget import counted
 from cs336sys.measure.timing import StepClock
 from cs336sys.models.dtypes import autocast, set_matmul_precision
 from cs336sys.models.model import TransformerLM
@@ -138,6 +139,7 @@ def graph_optimizer(name: str, model, eager: torch.optim.Optimizer | None = None
     return make_optimizer(name, model.parameters(), **({"capturable": True} if name == "fused" else {}))
 
 
+@counted("graph")
 def graphed_lm_steps(model, run_model, inputs, targets, precision: str, device: torch.device,
                      opt: torch.optim.Optimizer | None = None) -> dict:  # fmt: skip
     """Mode → step that replays one CUDA graph per phase: the GPU-bound time of each phase.

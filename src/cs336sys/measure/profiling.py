@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from cs336sys.fileio import atomic_path
+from cs336sys.measure.budget import counted
 
 if TYPE_CHECKING:  # torch is only needed to record, not to attribute
     import torch.profiler
@@ -75,6 +76,7 @@ class Kernel:
     device_kind: str = "cuda"
 
 
+@counted("profile")
 def profile_steps(step_fn: Callable[[], None], *, steps: int, device: str, trace_path: str | None) -> torch.profiler.profile:
     """Run `step_fn` `steps` times under torch.profiler; export a chrome trace if asked."""
     import torch

@@ -11,7 +11,6 @@ GPU except what the measurement needs.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections import defaultdict
@@ -23,8 +22,8 @@ from typing import Any
 import torch
 
 from cs336sys.columns import sample_stats
-from cs336sys.measure import energy
-from cs336sys.measure.stats import summarize_trials
+from cs336sys.measure import budget, energy
+from cs336sys.measure.stats import rel_half_width, summarize_trials
 from cs336sys.models.annotate import annotate
 
 STEP = "step"  # the name under which the whole step's wall time is reported
@@ -270,10 +269,7 @@ def warm_up(step, warmup: int, min_warmup_s: float, device, clock, sync) -> tupl
     return run, first
 
 
-def rel_half_width(low: float, high: float, centre: float) -> float:
-    return (high - low) / 2 / centre if centre > 0 and math.isfinite(low) and math.isfinite(high) else math.inf
-
-
+@budget.timed_steps
 def time_steps(
     step: Callable[[StepClock], None],
     *,
@@ -349,6 +345,7 @@ def time_steps(
                   state=recorded, stop_reason=stop, blocks=samples)  # fmt: skip
 
 
+@budget.counted("timed")
 def bench_stats(
     fn: Callable[[], object],
     device: torch.device,

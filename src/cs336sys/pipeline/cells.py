@@ -18,6 +18,12 @@ has ``mode`` ""). Test hook: ``CS336SYS_INJECT_FAULT`` =
 ``oom|error|abort|hang|sleep=<s>[:<cell-id substring>]`` makes matching cells fail
 (or, for ``sleep``, last ``s`` seconds longer) inside the child, so the failure
 paths are exercised without a real GPU (``pipeline.faults``).
+
+Every row also says where its job's wall time went (``time_*_s``, ``cs336sys.columns``):
+start-up until the measurement began (the job's process, the warm worker's hand-off, the
+wait for a GPU, the child's fork, imports and CUDA context), the parts the measurement
+marked (``measure.budget``: check, warm-up, timed blocks, pairs, graph capture, energy
+blocks, profiling) and the rest. A child that died mid-measurement leaves its parts empty.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from typing import Any
 import torch
 
 from cs336sys.catalog import LM_STUDIES
+from cs336sys.columns import TIME_PARTS
 from cs336sys.pipeline.faults import FAULT_ENV, parse_fault_spec
 from cs336sys.rows import Skip, Wrong
 
@@ -59,6 +66,9 @@ class Cell:
     cache_dir: str | None = None  # Triton's and torch.compile's on-disk caches: a rerun compiles and autotunes nothing
     pass_index: int = 0  # which pass over the grid (analysis.passes); copied into every row
     plugins: dict[str, Any] = field(default_factory=dict)  # the user's code this cell runs (cs336sys.plugins.cell_plugins)
+    # torch's intra-op threads in a CPU cell (None: one). Its shapes are tiny, and two threads on a loaded
+    # two-core machine made a tiny model's step 20-80x slower (OpenMP's barriers wait for a descheduled thread).
+    threads: int | None = None
 
 
 def _inject_fault(cell_id: str, spec: str) -> None:
@@ -108,7 +118,7 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
         os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
 
-    from cs336sys.measure import busy, gpu_state, host_probe, timing
+    from cs336sys.measure import budget, busy, gpu_state, host_probe, timing
     from cs336sys.measure.env import environment, pick_device
     from cs336sys.measure.memory import cap_memory, release
 
@@ -119,6 +129,8 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
             device = pick_device(cell.device)
         except RuntimeError as exc:
             raise Skip(str(exc)) from exc
+        if device.type == "cpu":
+            torch.set_num_threads(cell.threads or 1)
         env = environment(device)
         if device.type == "cuda":
             static = gpu_state.gpu_state()
@@ -136,8 +148,13 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
             plugins.activate(cell.plugins)
         module, _, name = cell.target.partition(":")
         measure = getattr(importlib.import_module(module), name)
-        for row in measure(device=device, context=context, **cell.kwargs):
-            conn.send(("row", row))
+        budget.reset()
+        conn.send(("begun", time.monotonic()))  # the end of start-up (CLOCK_MONOTONIC: the job's clock too)
+        try:
+            for row in measure(device=device, context=context, **cell.kwargs):
+                conn.send(("row", row))
+        finally:  # before the outcome: the job stops listening once it has one
+            conn.send(("spent", budget.spent()))
         conn.send(("done", None))
     except OutOfMemoryError as exc:
         if device is not None:
@@ -222,6 +239,7 @@ def run_cell(
     start_method: str | None = None,
     owner_pid: int | None = None,
     progress: Callable[[dict[str, Any], float], None] | None = None,
+    job_started: float | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``cell`` in a child process and return its rows (at least one), each with a status.
 
@@ -239,10 +257,12 @@ def run_cell(
     that has run no torch computation. ``owner_pid``: the job this runs for, when
     that is not this process (the warm worker, ``pipeline.warm``): the measurement
     stops when it dies. ``progress(context, elapsed_s)`` hears each part the child
-    starts (e.g. ``{"mode": "train"}``), and every 10 s while a part runs.
+    starts (e.g. ``{"mode": "train"}``), and every 10 s while a part runs. ``job_started``: when
+    the job began (``time.monotonic()``; default: now), the start of its rows' ``time_job_s``.
     """
     from cs336sys.pipeline import gpulock, hostjobs
 
+    clock = {"job": time.monotonic() if job_started is None else job_started}
     deadline = time.monotonic() + cell.timeout_s  # the time limit covers the wait for a GPU too
     with hostjobs.register_job() as job, contextlib.ExitStack() as stack:
         gpus, reason = gpulock.find_gpus() if _needs_lease(cell) else ([], "cpu cell")
@@ -261,10 +281,10 @@ def run_cell(
                 waited = round(time.monotonic() - t0, 3)
                 lock = {"gpu_lock": f"none: not free within the time limit of {cell.timeout_s:g} s", "gpu_wait_s": waited}
                 error = f"cell exceeded its time limit of {cell.timeout_s:g} s waiting for a GPU; {exc}"
-                return _finish(cell, _base_env(cell), [], ("timeout", error, {}), lock)
+                return _finish(cell, _base_env(cell), [], ("timeout", error, {}), lock, clock)
         if job is not None:
             job.state("holding" if lease is not None else "running")
-        return _run_child(cell, start_method, lease, owner_pid, progress, deadline, lock)
+        return _run_child(cell, start_method, lease, owner_pid, progress, deadline, lock, clock)
 
 
 def _gone(pid: int | None) -> bool:
@@ -274,7 +294,7 @@ def _gone(pid: int | None) -> bool:
 
 
 def _run_child(
-    cell: Cell, start_method: str | None, lease, owner_pid: int | None = None, progress=None, deadline=None, lock=None
+    cell: Cell, start_method: str | None, lease, owner_pid: int | None = None, progress=None, deadline=None, lock=None, clock=None
 ) -> list[dict[str, Any]]:
     from cs336sys.pipeline import gpulock, hostjobs
 
@@ -290,6 +310,7 @@ def _run_child(
     child_conn.close()
 
     env, rows, failure, context = _base_env(cell), [], None, {}
+    clock = clock if clock is not None else {"job": time.monotonic()}
     started = time.monotonic()
     deadline, next_note = deadline or started + cell.timeout_s, started + PROGRESS_EVERY_S
     while failure is None:
@@ -324,6 +345,8 @@ def _run_child(
                 progress(context, time.monotonic() - started)
         elif kind == "row":
             rows.append({**payload, "status": "ok", "error": ""})
+        elif kind in ("begun", "spent"):
+            clock[kind] = payload
         elif kind == "done":
             break
         else:
@@ -334,16 +357,30 @@ def _run_child(
         if proc.is_alive():
             proc.kill()
             proc.join()
-    return _finish(cell, env, rows, failure, {**(lock or {}), **beside.columns()})
+    return _finish(cell, env, rows, failure, {**(lock or {}), **beside.columns()}, clock)
 
 
-def _finish(cell: Cell, env: dict[str, Any], rows: list[dict[str, Any]], failure, lock: dict[str, Any]) -> list[dict[str, Any]]:
+def _time_columns(clock: dict[str, Any]) -> dict[str, float | None]:
+    """The job's wall time so far and its parts (module doc); ``clock``: the job's start, the child's reports."""
+    job = time.monotonic() - clock["job"]
+    begun = clock.get("begun")
+    startup = job if begun is None else min(max(begun - clock["job"], 0.0), job)
+    parts = clock.get("spent")  # None: the child died before it could say
+    cols: dict[str, float | None] = {f"time_{p}_s": None for p in TIME_PARTS}
+    cols.update({f"time_{p}_s": s for p, s in (parts or {}).items()}, time_job_s=job, time_startup_s=startup)
+    cols["time_other_s"] = max(job - startup - sum((parts or {}).values()), 0.0)
+    return {k: None if v is None else round(v, 3) for k, v in cols.items()}
+
+
+def _finish(
+    cell: Cell, env: dict[str, Any], rows: list[dict[str, Any]], failure, lock: dict[str, Any], clock: dict[str, Any]
+) -> list[dict[str, Any]]:
     if failure is not None:
         status, error, where = failure
         # no part started yet: the failure is the whole cell's, and says so with an empty mode (not NaN)
         before_any_part = {} if "mode" in cell.axes else {"mode": ""}
         rows.append({**before_any_part, **where, "status": status, "error": error})
-    env.update(lock, finished_at=_now())
+    env.update(lock, **_time_columns(clock), finished_at=_now())
     head = {"study": cell.study, "cell_id": cell.cell_id, **cell.axes}
     if cell.study in LM_STUDIES:  # which LM ran: ours or the user's class (plugins.model)
         head["model"] = (cell.plugins or {}).get("model") or "cs336sys"

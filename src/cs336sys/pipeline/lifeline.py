@@ -103,6 +103,17 @@ def own_process_group() -> None:
         pass
 
 
+def started_at(pid: int) -> float | None:
+    """When process ``pid`` started, on the clock of ``time.monotonic()``; None without /proc (or the process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        ticks = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22, starttime: clock ticks after boot
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.monotonic() - max(age, 0.0)
+
+
 def _group_members(pgid: int) -> list[int] | None:
     """Live (non-zombie) pids of the group from /proc; None where there is no /proc."""
     proc = Path("/proc")

@@ -238,7 +238,7 @@ def _job(request: dict[str, Any], owner_pid: int | None = None) -> str:
     from cs336sys.fileio import remove_stale_temps
     from cs336sys.pipeline.cells import Cell, run_cell
     from cs336sys.pipeline.jobs import log_to
-    from cs336sys.pipeline.lifeline import pid_alive
+    from cs336sys.pipeline.lifeline import pid_alive, started_at
     from cs336sys.rows import rows_to_frame, write_csv_atomic
 
     with log_to(request["log"]):
@@ -246,7 +246,8 @@ def _job(request: dict[str, Any], owner_pid: int | None = None) -> str:
         for stale in remove_stale_temps(out.parent, out.name):  # a half-written CSV of a killed earlier job
             print(f"removed {stale} (its writer is gone)")
         cell = Cell(**request["cell"], timeout_s=request["timeout_s"])
-        rows = run_cell(cell, start_method="fork", owner_pid=owner_pid)  # nothing here has run torch
+        # nothing here has run torch; the rows' time_job_s counts from the job's process start
+        rows = run_cell(cell, start_method="fork", owner_pid=owner_pid, job_started=started_at(owner_pid or os.getpid()))
         if owner_pid is not None and not pid_alive(owner_pid):
             raise RuntimeError("the job is gone; its cell's CSV is not written")
         write_csv_atomic(rows_to_frame(rows, cell.axes), out)

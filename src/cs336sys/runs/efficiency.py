@@ -17,6 +17,11 @@ end each GPU ran out of cells. A merged multi-pass row names its first pass's GP
 only; the other passes' GPUs come from their own cell files (``results/<run>/<study>/
 cells/pass<k>/``) where those are at hand, else those jobs are counted as on no
 named GPU. The per-GPU figures themselves: :mod:`cs336sys.runs.gpu_use`.
+
+Where each cell job's own wall time went (``time_*_s``, written by the cell runner on every
+row: start-up, correctness check, warm-up, timed blocks, paired blocks, graph capture, energy
+blocks, profiling, the rest) is summed per study by :func:`time_split`; a merged row carries
+the sum over the passes it folds, so each job is counted once.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ from typing import Mapping
 
 import pandas as pd
 
+from cs336sys.columns import TIME_COLUMNS, TIME_PARTS
 from cs336sys.runs.gpu_use import SweepSummary, summarize
 
 GPU = ["gpu_index", "gpu_uuid"]
+MEASURING = ("timed", "pairs", "energy")  # the parts whose steps become the rows' samples
 
 
 def _pass_index(df: pd.DataFrame) -> pd.Series | int:
@@ -213,6 +220,15 @@ def sweep_efficiency(
                 _share(steps, span, gpus),
             )
         )
+    measured = measuring_share(frames)
+    if measured is not None and measured[1] > 0:
+        seconds, wall = measured
+        out.append(
+            (
+                "of the cell jobs' own wall time (rows' time_*_s), spent measuring: timed, paired and energy blocks",
+                f"{seconds:.1f} s of {wall:.1f} s ({100 * seconds / wall:.0f}%)",
+            )
+        )
     gaps = _gaps(jobs) if gpus > 1 else _gaps(jobs.assign(gpu=None))
     if len(gaps):
         where = " on the same GPU" if gpus > 1 else ""
@@ -244,3 +260,62 @@ def sweep_efficiency(
     else:
         out.append(("per-job start-up", "not measured: no Snakemake benchmark files for this run"))
     return pd.DataFrame(out, columns=["what", "value"])
+
+
+def _jobs_of(row: pd.Series) -> frozenset[str]:
+    """The jobs (by start time) a row's time columns cover: a merged row's every pass, else its own."""
+    passes = row.get("pass_started_at")
+    if isinstance(passes, str) and passes:
+        return frozenset(passes.split(";"))
+    return frozenset([str(row.get("started_at", row.get("pass_index", 0)))])
+
+
+def _cell_times(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell: its ``time_*_s`` over every job it ran (cell × pass), each job counted once."""
+    if df.empty or not {"time_job_s", "cell_id"} <= set(df.columns):
+        return pd.DataFrame()
+    cols = [c for c in TIME_COLUMNS if c in df]
+    have = df[pd.to_numeric(df["time_job_s"], errors="coerce").notna()]
+    out = []
+    for cell, rows in have.groupby("cell_id", sort=False):
+        covered: set[str] = set()
+        total = dict.fromkeys(cols, 0.0)
+        for jobs, row in sorted(((_jobs_of(r), r) for _, r in rows.iterrows()), key=lambda jr: -len(jr[0])):
+            if jobs & covered:  # a row of jobs already counted (the phases of one mode, a pair row)
+                continue
+            covered |= jobs
+            for c in cols:
+                value = pd.to_numeric(row[c], errors="coerce")
+                total[c] += 0.0 if pd.isna(value) else float(value)
+        out.append({"cell_id": cell, "jobs": len(covered), **total})
+    return pd.DataFrame(out)
+
+
+def time_split(frames: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per study and in all: cell jobs, their wall time, and each part's share of it; empty where no row says."""
+    rows = []
+    for study, df in frames.items():
+        cells = _cell_times(df)
+        if not cells.empty:
+            rows.append({"study": study, "jobs": int(cells["jobs"].sum()), **cells.drop(columns=["cell_id", "jobs"]).sum()})
+    if not rows:
+        return pd.DataFrame()
+    table = pd.DataFrame(rows).fillna(0.0)
+    total = table.drop(columns="study").sum()
+    table = pd.concat([table, pd.DataFrame([{"study": "all", **total}])], ignore_index=True)
+    out = table[["study"]].assign(**{"cell jobs": table["jobs"].astype(int), "job wall (s)": table["time_job_s"].round(1)})
+    for p in TIME_PARTS:
+        col = f"time_{p}_s"
+        share = 100 * table[col] / table["time_job_s"].where(table["time_job_s"] > 0) if col in table else float("nan")
+        out[f"{p} (%)"] = pd.Series(share, index=table.index).round(1)
+    return out
+
+
+def measuring_share(frames: Mapping[str, pd.DataFrame]) -> tuple[float, float] | None:
+    """(seconds of timed, paired and energy blocks, the cell jobs' wall seconds) over every study; None where no row says."""
+    cells = [c for c in (_cell_times(df) for df in frames.values()) if not c.empty]
+    if not cells:
+        return None
+    both = pd.concat(cells, ignore_index=True)
+    measuring = sum(float(both[f"time_{p}_s"].sum()) for p in MEASURING if f"time_{p}_s" in both)
+    return measuring, float(both["time_job_s"].sum())

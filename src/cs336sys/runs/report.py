@@ -16,7 +16,7 @@ from cs336sys.columns import timed_kind
 from cs336sys.fileio import write_text_atomic
 from cs336sys.measure.flops import ATTENTION_BACKWARD_FACTOR, BACKWARD_FACTOR
 from cs336sys.pipeline.merge import load_study
-from cs336sys.runs.efficiency import sweep_efficiency, sweep_summary
+from cs336sys.runs.efficiency import sweep_efficiency, sweep_summary, time_split
 from cs336sys.runs.gpu_use import IDLE_GAP_S, per_gpu_line, per_gpu_table
 from cs336sys.studies import report_module
 from cs336sys.studies import study as get_study
@@ -194,6 +194,18 @@ def write_report(
             md_table(efficiency),
             "",
         ]
+        split = time_split(frames)
+        if not split.empty:
+            lines += [
+                "**Where the cell jobs' time went**, per study: each job's wall time from its process start to its rows "
+                "(`time_job_s`), split by the cell runner into start-up (the job's process, the hand-off to the warm worker, "
+                "the wait for a GPU, the measuring process and its CUDA context), the correctness check, warm-up, timed "
+                "blocks, interleaved paired blocks, CUDA-graph capture, energy blocks, profiling and the rest (models and "
+                "inputs built, rows assembled); shares of the study's job wall time:",
+                "",
+                md_table(split),
+                "",
+            ]
         summary = sweep_summary(frames, cells)
         per_gpu = per_gpu_table(summary)
         if not per_gpu.empty:

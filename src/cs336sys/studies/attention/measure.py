@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from cs336sys import catalog
-from cs336sys.measure import SEED, memory
+from cs336sys.measure import SEED, budget, memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.correctness import check_attention, check_shape
 from cs336sys.measure.flops import attention_phase_flops
@@ -65,7 +65,8 @@ def measure(
     fn = core(impl, activation, device)
     set_matmul_precision(precision)
     context["mode"] = "train"  # a wrong core's row is the train row it would have been
-    check_attention(fn, check_shape((batch_size, 1), seq_len, d_model), precision, bool(causal), device, activation=activation)
+    with budget.part("check"):
+        check_attention(fn, check_shape((batch_size, 1), seq_len, d_model), precision, bool(causal), device, activation=activation)
     if catalog.lookup(impl).compile:
         torch._dynamo.reset()  # the check's shape must not make the timed shape's compilation dynamic
     # (batch, 1 head, L, d): 4-D so that SDPA can pick a fused backend (3-D inputs fall back to math)

@@ -20,13 +20,14 @@ timed in the process (``measure.busy``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from cs336sys.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND
-from cs336sys.measure import energy, memory
+from cs336sys.measure import budget, energy, memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.flops import lm_forward_flops, phase_flops
 from cs336sys.measure.interleave import ArmsTiming, time_arms
@@ -103,9 +104,11 @@ def measure(
             # With partners, the interleaved blocks below sample until the target and this first block
             # only needs one block (peak memory); alone, it is the cell's measurement.
             first = {"steps": block_steps, "target_rel": 0.0, "min_measure_s": 0.0} if partners else {"steps": measure_steps}
-            if partners and device.type == "cuda":  # interleaved blocks are not metered: two blocks long enough for the
-                first.update(trials=ENERGY_BLOCKS, min_measure_s=energy.MIN_BLOCK_S)  # energy meter (measure.energy)
-            timing = time_steps(own[mode], warmup=warmup_steps, device=device, **first)
+            metered = partners and device.type == "cuda"
+            if metered:  # interleaved blocks are not metered: two blocks long enough for the energy meter (measure.energy)
+                first.update(trials=ENERGY_BLOCKS, min_measure_s=energy.MIN_BLOCK_S)
+            with budget.part("energy") if metered else contextlib.nullcontext():
+                timing = time_steps(own[mode], warmup=warmup_steps, device=device, **first)
             extra = {"peak_mem_bytes": memory.peak_allocated_bytes(device)}
             if mode == "train":
                 extra["mem_before_bwd_bytes"] = memory_log.get("before_backward")
