@@ -264,6 +264,7 @@ def test_energy_check_passes_a_workload_within_3_percent_and_2_percent_of_cost()
 POWER_CAP_W = {"NVIDIA H100 80GB HBM3": 700.0, "NVIDIA H200": 700.0}  # the SXM boards' power limit (TDP)
 
 
+@pytest.mark.slow  # asks git for the committed files
 def test_no_committed_row_implies_more_power_than_its_gpu_can_draw():
     """J/step over the median step time is the power over the steps' own time: never above the board's cap."""
     over, csvs = [], [p for run in reference_runs() for p in sorted((REPO / "results" / run).glob("*.csv"))]
