@@ -210,7 +210,10 @@ def user_attention(q, k, v, is_causal: bool = False, *, function: str, form: str
     lead, (seq, dim) = q.shape[:-2], q.shape[-2:]
     flat = [t.reshape(-1, seq, dim) for t in (q, k, v)]
     out = fn(*flat, bool(is_causal))
-    return out.reshape(*lead, seq, out.shape[-1])
+    batch = flat[0].shape[0]
+    if getattr(out, "ndim", 0) < 1 or out.shape[0] != batch:
+        return out  # not a batch of outputs: the correctness check names what came back
+    return out.reshape(*lead, *out.shape[1:])  # the rest as the user's code shaped it, for the check to see
 
 
 def check_imports(section: Mapping[str, Any]) -> None:

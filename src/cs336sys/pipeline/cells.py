@@ -103,10 +103,14 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
     if os.getppid() != job_pid:  # then the job is not our parent: watch it too
         watch_pid(job_pid)
     os.environ.update(pins)  # CUDA_VISIBLE_DEVICES of the leased GPU, before CUDA initialises
+    from cs336sys.measure import CACHE_DIR_ENV
+
+    os.environ.pop(CACHE_DIR_ENV, None)
     if cell.cache_dir:  # read by Triton and inductor when they first compile, after this point
         cache = Path(cell.cache_dir).resolve()
         os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+        os.environ[CACHE_DIR_ENV] = str(cache)  # the correctness check's verdicts (measure.checkcache)
 
     from cs336sys.measure import busy, gpu_state, host_probe, timing
     from cs336sys.measure.env import environment, pick_device
