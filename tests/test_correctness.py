@@ -175,6 +175,6 @@ def test_the_tile_bug_is_a_wrong_row_without_a_time(study):
     config = validate_config({"run": "t", "device": "cpu", "studies": [study], "plugins": section, study: {"grid": grid}})
     (axes,) = S.grid(study, config).values()
     plugins.activate({})  # the child registers the name from the cell's settings alone
-    (row,) = run_cell(Cell(**S.cell_settings(study, axes, config), device="cpu", timeout_s=300))
+    (row,) = run_cell(Cell(**S.cell_settings(study, axes, config), timeout_s=300))
     assert row["status"] == "wrong", row
     assert "against a float64 reference (batch, heads, L, d) = (2, 1, 300, 16)" in row["error"] and "median_ms" not in row
