@@ -138,10 +138,16 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
             from cs336sys import plugins
 
             plugins.activate(cell.plugins)
+            user_files = plugins.preload(cell.plugins)  # imported here: a failure (sys.exit too) names its key
         module, _, name = cell.target.partition(":")
         measure = getattr(importlib.import_module(module), name)
-        for row in measure(device=device, context=context, **cell.kwargs):
-            conn.send(("row", row))
+        try:
+            for row in measure(device=device, context=context, **cell.kwargs):
+                conn.send(("row", row))
+        finally:
+            if cell.plugins and (note := plugins.unhashed_note(cell.plugins, user_files)):
+                print(f"cs336sys: warning: {note}", file=sys.stderr, flush=True)
+                conn.send(("env", {"plugin_note": note}))  # on every row, the failure's too
         conn.send(("done", None))
     except OutOfMemoryError as exc:
         if device is not None:
