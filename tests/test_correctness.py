@@ -125,6 +125,21 @@ def test_an_output_of_another_shape_is_wrong_and_says_so():
         check_attention(lambda q, k, v, is_causal: (q,), correctness.check_shape(1, 16), "fp32", True, CPU)
 
 
+@pytest.mark.parametrize(
+    "answer, says",
+    [
+        (lambda o: o.to("meta"), "the output is on meta for inputs on cpu"),
+        (lambda o: o.to(torch.float16), "the output is float16 for float32 inputs"),
+        (lambda o: o * float("nan"), "wrong output against a float64 reference .* relative to the reference's largest value nan"),
+        (lambda o: o.transpose(-2, -1).reshape(o.shape), "wrong (output|dq|dk|dv) .* output 1"),  # the same shape, scrambled
+        (lambda o: o.flip(-2), "wrong (output|dq|dk|dv) .* output 1"),  # rows in the wrong order
+    ],
+)
+def test_other_wrong_answers_are_wrong(answer, says):
+    with pytest.raises(Wrong, match=says):
+        check_attention(lambda q, k, v, is_causal: answer(softmax_attention(q, k, v, is_causal)), (2, 1, 300, 16), "fp32", True, CPU)
+
+
 # --- an output of the timed loop -----------------------------------------------------------------
 def test_a_kernel_wrong_only_at_the_cells_own_length_is_wrong():
     # right on the first 512 keys, so the check's 300 positions pass it; the cell's 600 do not

@@ -38,6 +38,7 @@ from cs336sys.provenance import PACKAGE_DIR
 
 # The course's BasicsTransformerLM constructor (cs336_basics/model.py), in its order
 MODEL_PARAMETERS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")
+_EXIT = os._exit  # bound before any user code runs: a plug-in that replaces os._exit cannot keep a fork alive
 START_S = 120.0  # the checking child's own start (python, torch), however loaded the machine: not the user's code
 _CODE = "import sys; from cs336sys import plugin_imports; plugin_imports.main(sys.argv[1:])"
 # (resolved plugins.path, 'module:attribute') → {file: label} that importing it loaded (this process's record)
@@ -63,9 +64,12 @@ def on_path(path: str) -> str:
 
 
 def describe(exc: BaseException) -> str:
-    if isinstance(exc, SystemExit):
-        return f"SystemExit: sys.exit({exc.code!r}) (a plug-in's import must not end the process)"
-    return f"{type(exc).__name__}: {exc}"
+    try:
+        if isinstance(exc, SystemExit):
+            return f"SystemExit: sys.exit({exc.code!r}) (a plug-in's import must not end the process)"
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - an exception whose text itself raises
+        return f"{type(exc).__name__} (its message cannot be printed)"
 
 
 def guarded(key: str, call: Callable[[], Any]) -> tuple[Any, BaseException | None]:
@@ -112,10 +116,13 @@ def user_modules(ours: bool = True) -> dict[str, str]:
     (judged by the module's top-level package too: torch's generated modules are torch's); ``ours``: our package's files too."""
     found = {}
     for name, module in list(sys.modules.items()):
-        file = getattr(module, "__file__", None)
+        try:  # a module's own __getattr__ answers these: it may raise anything
+            file = getattr(module, "__file__", None)
+            top = getattr(sys.modules.get(name.partition(".")[0]), "__file__", None)
+        except Exception:  # noqa: BLE001
+            continue
         if not isinstance(file, str) or name == "__main__" or not os.path.isfile(file):
             continue
-        top = getattr(sys.modules.get(name.partition(".")[0]), "__file__", None)
         if installed(file) or (isinstance(top, str) and installed(top)):
             continue
         real = os.path.realpath(file)
@@ -221,7 +228,7 @@ def check_imports_in_subprocess(section: Mapping[str, Any]) -> None:
         args = [sys.executable, "-c", _CODE, json.dumps(dict(section)), repr(timeout_s)]
         # a session of its own: whatever the user's code starts is stopped with it, and cannot hold our pipes open
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, start_new_session=True)
-        finished = _exited(proc.pid, time.monotonic() + limit)
+        finished = _exited(proc, time.monotonic() + limit)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # before the wait reaps the child: its group id is still ours
         proc.wait()
@@ -265,9 +272,14 @@ def check_imports_in_subprocess(section: Mapping[str, Any]) -> None:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
 
-def _exited(pid: int, deadline: float) -> bool:
-    """Wait until child ``pid`` exits (without reaping it) or ``deadline``; whether it exited."""
-    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+def _exited(proc: subprocess.Popen, deadline: float) -> bool:
+    """Wait until ``proc`` exits, without reaping it where the platform allows (its process group id stays ours until
+    then), or until ``deadline``; whether it exited."""
+    if not hasattr(os, "waitid"):  # macOS: reaped here; its group is then killed by a number no one else can have taken yet
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        return proc.returncode is not None
+    while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
@@ -304,7 +316,7 @@ def _in_fork(section: Mapping[str, Any], key: str, target: str, form: str | None
             while data:
                 data = data[os.write(write_end, data) :]
         finally:
-            os._exit(0)
+            _EXIT(0)
     os.close(write_end)
     deadline, data = time.monotonic() + timeout_s, b""
     try:

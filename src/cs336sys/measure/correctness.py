@@ -61,9 +61,11 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def check_form(out: object, q: torch.Tensor, v: torch.Tensor, precision: str, where: str) -> None:
-    """Raise Wrong unless ``out`` is a tensor of the inputs' dtype and of shape (..., L, d_v)."""
+    """Raise Wrong unless ``out`` is a tensor on the inputs' device, of their dtype and of shape (..., L, d_v)."""
     if not isinstance(out, torch.Tensor):
         raise Wrong(f"{where}: the implementation returned a {type(out).__name__}, not a tensor")
+    if out.device != q.device:
+        raise Wrong(f"{where}: the output is on {out.device} for inputs on {q.device}")
     if out.dtype != q.dtype:
         raise Wrong(
             f"{where}: the output is {str(out.dtype).removeprefix('torch.')} for {str(q.dtype).removeprefix('torch.')} inputs "
