@@ -289,3 +289,19 @@ def test_the_measuring_child_turns_an_exit_at_import_and_a_late_helper_into_rows
     assert failed["status"] == "error" and "plugins.attention.other1.function" in failed["error"] and "SystemExit" in failed["error"]
     assert {r["status"] for r in rows["mine"]} == {"ok"}, rows["mine"]
     assert all(late in r["plugin_note"] and "reruns nothing" in r["plugin_note"] for r in rows["mine"])
+
+
+@pytest.mark.slow
+def test_the_jobs_code_record_names_what_the_measuring_childs_import_loaded(tmp_path):
+    from cs336sys.pipeline.cells import Cell, run_cell
+    from cs336sys.pipeline.code_record import cell_file_hashes
+
+    config, dynamic, external = _dynamic_plugin(tmp_path)
+    config = validate_config(config)  # nothing imported in this process, as in a cell's job
+    axes = next(a for a in S.grid("attention", config).values() if a["impl"] == "mine")
+    settings = S.cell_settings("attention", axes, config)
+    assert str(external.resolve()) not in cell_file_hashes("attention", axes, config["plugins"])
+    (row,) = run_cell(Cell(**settings, timeout_s=300))
+    assert row["status"] == "error"  # its kernel returns q (the check finds k, v unused); its import ran all the same
+    files = cell_file_hashes("attention", axes, config["plugins"])  # what the job writes beside the cell's CSV
+    assert str(external.resolve()) in files and f"{config['plugins']['path']}/{dynamic.name}" in files

@@ -230,6 +230,17 @@ def preload(section: Mapping[str, Any]) -> set[str]:
     return before
 
 
+def loaded_by_import(section: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """{'module:attribute': {file: label}} that importing each plug-in of ``section`` loaded in this process."""
+    return {target: recorded(section["path"], target) for _, target, _ in targets(section)}
+
+
+def record_loaded(section: Mapping[str, Any], loaded: Mapping[str, Mapping[str, str]]) -> None:
+    """Add what another process's import loaded (:func:`loaded_by_import`) to this process's record."""
+    for target, files in loaded.items():
+        record(section["path"], target, files)
+
+
 def unhashed_note(section: Mapping[str, Any], before: set[str]) -> str:
     """What this process loaded since ``before`` (:func:`preload`) of the user's files that the cell's code hash does not
     cover (a helper imported only when called): editing one reruns nothing. "" where there is none."""

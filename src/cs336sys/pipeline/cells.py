@@ -139,6 +139,7 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
 
             plugins.activate(cell.plugins)
             user_files = plugins.preload(cell.plugins)  # imported here: a failure (sys.exit too) names its key
+            conn.send(("plugin_files", plugins.loaded_by_import(cell.plugins)))  # the job's code record names them too
         module, _, name = cell.target.partition(":")
         measure = getattr(importlib.import_module(module), name)
         try:
@@ -334,6 +335,10 @@ def _run_child(
                 progress(context, time.monotonic() - started)
         elif kind == "row":
             rows.append({**payload, "status": "ok", "error": ""})
+        elif kind == "plugin_files":
+            from cs336sys import plugins
+
+            plugins.record_loaded(cell.plugins, payload)
         elif kind == "done":
             break
         else:
