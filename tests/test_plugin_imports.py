@@ -305,3 +305,18 @@ def test_the_jobs_code_record_names_what_the_measuring_childs_import_loaded(tmp_
     assert row["status"] == "error"  # its kernel returns q (the check finds k, v unused); its import ran all the same
     files = cell_file_hashes("attention", axes, config["plugins"])  # what the job writes beside the cell's CSV
     assert str(external.resolve()) in files and f"{config['plugins']['path']}/{dynamic.name}" in files
+
+
+@pytest.mark.slow
+def test_a_plugin_that_runs_our_kernels_is_hashed_with_them(tmp_path):
+    # the course repository's Triton adapter calls our kernels: editing them reruns its cells too
+    fixture = REPO / "tests/fixtures/course_repo"
+    config = config_with(fixture, "tests.adapters:get_flashattention_autograd_function_triton")
+    config["plugins"]["attention"]["mine"]["form"] = "adapter"
+    validate_config(config, check_imports="subprocess")
+    labels = set(plugins.recorded(str(fixture), "tests.adapters:get_flashattention_autograd_function_triton").values())
+    assert {"cs336_systems/flash_triton.py", "cs336sys/models/triton_attention.py"} <= labels, labels
+    axes = next(iter(S.grid("attention", config).values()))
+    assert (REPO / "src/cs336sys/models/triton_attention.py").resolve() in plugins.cell_files(
+        S.cell_settings("attention", axes, config)["plugins"]
+    )

@@ -7,14 +7,15 @@ directory or import helpers no static walk sees (``importlib`` at import time, a
 and the working directory is put back. :func:`check_imports_in_subprocess` checks the plug-ins of
 a config in a child (the workflow's parse imports no torch, nor the user's code) that imports each
 in a fork of its own and stops one that runs past ``plugins.import_timeout_s``; the fork records
-the files its import loaded (:func:`user_modules`: every module file neither of the standard library
-nor of an installed package, wherever it lives), which a cell's code hash then covers
-(``plugins.cell_files``). One fork per plug-in: each records exactly what its own import loads,
-however many plug-ins share a helper.
+the files its import loaded (:func:`loaded_since`: every module file neither of the standard library
+nor of an installed package, wherever it lives, and our modules that those import), which a cell's
+code hash then covers (``plugins.cell_files``). One fork per plug-in: each records exactly what its
+own import loads, however many plug-ins share a helper.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import importlib
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cs336sys.errors import ConfigError
-from cs336sys.provenance import PACKAGE_DIR
+from cs336sys.provenance import PACKAGE, PACKAGE_DIR, imported_names, module_closure, module_file
 
 # The course's BasicsTransformerLM constructor (cs336_basics/model.py), in its order
 MODEL_PARAMETERS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")
@@ -111,9 +112,9 @@ def _label(name: str, file: str) -> str:
     return "/".join([*parts[:-1], base]) if base.startswith(parts[-1] + ".") else f"{name}:{base}"
 
 
-def user_modules(ours: bool = True) -> dict[str, str]:
-    """{real path: label} of the loaded modules' files that are neither of the standard library nor of an installed package
-    (judged by the module's top-level package too: torch's generated modules are torch's); ``ours``: our package's files too."""
+def user_modules() -> dict[str, str]:
+    """{real path: label} of the loaded modules' files that are neither of the standard library, nor of an installed package
+    (judged by the module's top-level package too: torch's generated modules are torch's), nor ours."""
     found = {}
     for name, module in list(sys.modules.items()):
         try:  # a module's own __getattr__ answers these: it may raise anything
@@ -126,9 +127,29 @@ def user_modules(ours: bool = True) -> dict[str, str]:
         if installed(file) or (isinstance(top, str) and installed(top)):
             continue
         real = os.path.realpath(file)
-        if ours or not Path(real).is_relative_to(PACKAGE_DIR):
+        if not Path(real).is_relative_to(PACKAGE_DIR):
             found[real] = _label(name, file)
     return found
+
+
+def loaded_since(before: Iterable[str]) -> dict[str, str]:
+    """The user's files loaded since :func:`user_modules` answered ``before``, with our modules that they import (and
+    what those import: ``provenance.module_closure``), found from the source, since another process may have loaded
+    ours before the plug-in: each process then names the same files."""
+    known = set(before)
+    files = {f: label for f, label in user_modules().items() if f not in known}
+    ours = []
+    for file in files:
+        try:
+            tree = ast.parse(Path(file).read_bytes(), file)
+        except (OSError, SyntaxError, ValueError):  # an extension module, or a file gone since
+            continue
+        ours += [m for m in imported_names(tree, "") if m.split(".")[0] == PACKAGE]
+    for module in module_closure(ours):
+        path = module_file(module)
+        if path is not None:
+            files[str(path.resolve())] = f"{PACKAGE}/{path.relative_to(PACKAGE_DIR).as_posix()}"
+    return files
 
 
 def record(path: str, target: str, files: Mapping[str, str]) -> None:
@@ -198,7 +219,7 @@ def _checked(section: Mapping[str, Any], key: str, target: str, form: str | None
     """The problems of one plug-in, and the files its import and check loaded (in this process)."""
     before = set(user_modules())
     problems = _check_target(section, key, target, form)
-    return {"problems": problems, "files": {f: label for f, label in user_modules().items() if f not in before}}
+    return {"problems": problems, "files": loaded_since(before)}
 
 
 def check_imports(section: Mapping[str, Any]) -> None:

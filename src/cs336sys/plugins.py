@@ -39,7 +39,7 @@ from cs336sys import catalog
 from cs336sys.errors import ConfigError
 from cs336sys.plugin_imports import check_imports as check_imports  # validation calls both here
 from cs336sys.plugin_imports import check_imports_in_subprocess as check_imports_in_subprocess
-from cs336sys.plugin_imports import describe, file_label, guarded, on_path, problem, record, recorded, targets, user_modules
+from cs336sys.plugin_imports import describe, file_label, guarded, loaded_since, on_path, problem, record, recorded, targets, user_modules
 from cs336sys.provenance import imported_names
 
 FORMS = ("adapter", "callable")  # adapter: a function returning an autograd.Function class (the course's tests/adapters.py)
@@ -222,7 +222,7 @@ def preload(section: Mapping[str, Any]) -> set[str]:
             functools.partial(load, section["path"], target) if form is None else functools.partial(_user_fn, section["path"], target, form)
         )
         _, exc = guarded(key, call)
-        record(section["path"], target, {f: label for f, label in user_modules().items() if f not in loaded})
+        record(section["path"], target, loaded_since(loaded))
         if exc is not None:
             problems.append(_problem(key, f"importing {target} from {section['path']!r} raised {describe(exc)}"))
     if problems:
@@ -245,7 +245,7 @@ def unhashed_note(section: Mapping[str, Any], before: set[str]) -> str:
     """What this process loaded since ``before`` (:func:`preload`) of the user's files that the cell's code hash does not
     cover (a helper imported only when called): editing one reruns nothing. "" where there is none."""
     covered = {str(f.resolve()) for f in cell_files(section)}
-    missed = sorted(f for f in user_modules(ours=False) if f not in before and f not in covered)
+    missed = sorted(f for f in user_modules() if f not in before and f not in covered)
     if not missed:
         return ""
     return (
