@@ -174,6 +174,28 @@ def check_timed_output(
     return errors["output"]
 
 
+def check_timed_call(
+    fn: Callable[..., torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    precision: str,
+    causal: bool,
+    *,
+    activation: str = "softmax",
+) -> float:
+    """One more forward of ``fn`` on the cell's own inputs after its timed loop, checked by :func:`check_timed_output`.
+
+    It runs as the loop's forwards did (gradients cleared, autograd on, so an implementation takes the same path),
+    and its graph -- eager's L×L matrices kept for backward -- goes before the reference is built.
+    """
+    q.grad = k.grad = v.grad = None
+    out = fn(q, k, v, is_causal=bool(causal))
+    if isinstance(out, torch.Tensor):
+        out = out.detach()
+    return check_timed_output(out, q, k, v, precision, causal, activation=activation)
+
+
 def check_implementation(
     impl: str,
     fn: Callable[..., torch.Tensor],

@@ -19,7 +19,7 @@ import torch
 from cs336sys import catalog
 from cs336sys.measure import SEED, memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
-from cs336sys.measure.correctness import check_implementation, check_shape, check_timed_output
+from cs336sys.measure.correctness import check_implementation, check_shape, check_timed_call
 from cs336sys.measure.flops import attention_phase_flops
 from cs336sys.measure.timing import StepClock, time_steps, timing_rows
 from cs336sys.models.attention import get_attention
@@ -89,8 +89,7 @@ def measure(
     timing = time_steps(step, warmup=warmup_steps, steps=measure_steps, device=device)
     peak = memory.peak_allocated_bytes(device)
     busy = gpu_busy_share(step, device)
-    q.grad = k.grad = v.grad = None  # the loop's forward ran without them: so does this one, in the memory it had
-    check_timed_output(fn(q, k, v, is_causal=bool(causal)), q, k, v, precision, bool(causal), activation=activation)
+    check_timed_call(fn, q, k, v, precision, bool(causal), activation=activation)
     elem = q.element_size()
     extra = {
         "mode": "train",
