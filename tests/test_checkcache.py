@@ -70,7 +70,7 @@ def test_a_wrong_verdict_is_kept_with_its_message(tmp_path, monkeypatch):
     assert len(calls) == 1  # the second verdict was read
 
 
-@pytest.mark.parametrize("spoil", ["link", "foreign", "open", "garbage", "other key"])
+@pytest.mark.parametrize("spoil", ["link", "foreign", "open", "garbage", "other key", "fifo", "file link", "huge"])
 def test_a_verdict_folder_or_file_not_safely_ours_only_means_checking_again(tmp_path, monkeypatch, capfd, spoil):
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
     folder = tmp_path / "cache/checks"
@@ -88,6 +88,15 @@ def test_a_verdict_folder_or_file_not_safely_ours_only_means_checking_again(tmp_
         folder.chmod(0o777)
     elif spoil == "garbage":
         verdict.write_text("{not json")
+    elif spoil == "fifo":  # opening it for reading would wait for a writer
+        verdict.unlink()
+        os.mkfifo(verdict)
+    elif spoil == "file link":
+        (tmp_path / "theirs.json").write_text(verdict.read_text())
+        verdict.unlink()
+        verdict.symlink_to(tmp_path / "theirs.json")
+    elif spoil == "huge":
+        verdict.write_text(verdict.read_text() + " " * (1 << 17))
     else:
         verdict.write_text(verdict.read_text().replace('"fp32"', '"bf16"'))
     calls.clear()

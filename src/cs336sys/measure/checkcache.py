@@ -125,7 +125,7 @@ def _name(key: dict[str, Any]) -> str:
 def read(where: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     """The verdict stored for ``key``; None where there is none or it is not a regular file of ours holding that key."""
     try:
-        fd = os.open(where / _name(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(where / _name(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
