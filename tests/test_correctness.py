@@ -140,6 +140,25 @@ def test_other_wrong_answers_are_wrong(answer, says):
         check_attention(lambda q, k, v, is_causal: answer(softmax_attention(q, k, v, is_causal)), (2, 1, 300, 16), "fp32", True, CPU)
 
 
+def test_an_implementation_that_refuses_ragged_lengths_is_checked_at_whole_tiles():
+    from cs336sys.measure.correctness import check_implementation
+
+    lengths = []
+
+    def whole_tiles_only(q, k, v, is_causal=False):
+        lengths.append(q.shape[-2])
+        if q.shape[-2] % 128:
+            raise RuntimeError("No available kernel: sequence length must be a multiple of 128")
+        return softmax_attention(q, k, v, is_causal)
+
+    check_implementation("eager", whole_tiles_only, correctness.check_shape(1, 16), "fp32", True, CPU)
+    assert lengths == [300, 384, 384]
+    with pytest.raises(Wrong, match=r"L, d\) = \(2, 1, 384, 16\)"):  # and judged there
+        check_implementation("eager", lambda *a, **k: 2 * whole_tiles_only(*a, **k), correctness.check_shape(1, 16), "fp32", True, CPU)
+    with pytest.raises(IndexError, match="out of bounds"):  # one that fails at every length says so
+        check_implementation("eager", lambda q, k, v, is_causal: q[:, :, 10**6], correctness.check_shape(1, 16), "fp32", True, CPU)
+
+
 # --- an output of the timed loop -----------------------------------------------------------------
 def test_a_kernel_wrong_only_at_the_cells_own_length_is_wrong():
     # right on the first 512 keys, so the check's 300 positions pass it; the cell's 600 do not

@@ -37,6 +37,7 @@ CHECK_SEQ = 300
 CHECK_BATCH = 2
 CHECK_CALLS = 2  # fresh inputs each: a second answer equal to the first is caught
 SAMPLE_ROWS = 16  # query rows of the timed output compared with float64, the last one among them
+ALIGNED = 128  # where an implementation raises at CHECK_SEQ, the check runs again at the next multiple of this (384)
 MAX_CHECK_SEQ = 4096  # the longest length tried for an implementation that refuses CHECK_SEQ (the tutorial: multiples of 128)
 # Largest |got - reference| / largest |reference|, per precision. fp32 (TF32 off; Triton's tf32x3): a
 # correct kernel lands near 1e-6 at these shapes (tests/test_attention.py asserts rtol 1e-4 against
@@ -50,7 +51,7 @@ _REFERENCE = {"softmax": softmax_attention, "relu": relu_attention}
 
 def check_shape(heads: int, head_dim: int, supports: Callable[[int], bool] | None = None) -> tuple[int, int, int, int]:
     """The check's (batch, heads, L, d): the cell's head_dim, at most 2 heads, CHECK_SEQ positions or, where
-    ``supports(L)`` refuses that, the shortest longer length it takes."""
+    ``supports(L)`` (the catalog line's shapes) refuses that, the shortest longer length it takes."""
     length = next((n for n in range(CHECK_SEQ, MAX_CHECK_SEQ + 1) if supports is None or supports(n)), CHECK_SEQ)
     return CHECK_BATCH, min(heads, 2), length, head_dim
 
@@ -209,7 +210,9 @@ def check_implementation(
     context: Callable[[], AbstractContextManager] = nullcontext,
 ) -> None:
     """:func:`check_attention` of catalog implementation ``impl``, or the verdict an earlier check of the same code
-    and shape class left (``measure.checkcache``); raises Wrong for a wrong one."""
+    and shape class left (``measure.checkcache``); raises Wrong for a wrong one. An implementation that raises at the
+    ragged length (an SDPA backend, a kernel without masked tiles) is checked at whole 128-wide tiles instead: the
+    cell's own length is checked after timing all the same."""
     where = checkcache.folder()
     key = checkcache.verdict_key(impl, shape, precision, causal, activation, backward, device) if where else {}
     found = checkcache.read(where, key) if where else None
@@ -217,8 +220,17 @@ def check_implementation(
         if found["verdict"] == "wrong":
             raise Wrong(f"{found['message']} (the verdict of an earlier check of this code and shape class, kept in {where})")
         return
+    args = (precision, causal, device)
     try:
-        check_attention(fn, shape, precision, causal, device, activation=activation, backward=backward, context=context)
+        try:
+            check_attention(fn, shape, *args, activation=activation, backward=backward, context=context)
+        except (Wrong, torch.OutOfMemoryError):
+            raise
+        except Exception:  # it refuses the ragged length (a backend or kernel that needs whole tiles): whole 128-wide ones
+            aligned = (*shape[:2], -(-shape[2] // ALIGNED) * ALIGNED, shape[3])
+            if aligned == shape:
+                raise
+            check_attention(fn, aligned, *args, activation=activation, backward=backward, context=context)
     except Wrong as exc:
         if where:
             checkcache.write(where, key, "wrong", str(exc))
