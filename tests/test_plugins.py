@@ -265,12 +265,14 @@ def test_a_user_model_builds_from_the_course_constructor():
 
 # --- the CPU demo with the fixture course repository ----------------------------------------------
 PLUGIN_FILE = "config/test-plugins.yaml"
-PLUGIN_OVERLAY = {  # over config/cpu-demo.yaml: the user's model in e2e, the user's attention (one right, one wrong)
+PLUGIN_OVERLAY = {  # over config/cpu-demo.yaml: the user's model in e2e, the user's attention (one right, two wrong)
     "studies": ["e2e", "attention"],
     "plugins": {"path": "course_repo", "model": MODEL, "attention": {
-        "course-flash": {"function": RIGHT, "form": "adapter"}, "no-scale": {"function": WRONG, "form": "callable"}}},
+        "course-flash": {"function": RIGHT, "form": "adapter"}, "no-scale": {"function": WRONG, "form": "callable"},
+        "no-rescale": {"function": "cs336_systems.flash_no_rescale:attention", "form": "callable"}}},
     "e2e": {"grid": {"size": ["tiny"], "context_length": [32], "precision": ["fp32"], "impl": ["eager"], "compile": [False]}, "passes": 1},
-    "attention": {"grid": {"d_model": [16], "seq_len": [64], "activation": ["softmax"], "impl": ["eager", "course-flash", "no-scale"]}},
+    "attention": {"grid": {"d_model": [16], "seq_len": [64], "activation": ["softmax"],
+                           "impl": ["eager", "course-flash", "no-scale", "no-rescale"]}},
 }  # fmt: skip
 
 
@@ -289,8 +291,9 @@ def test_the_cpu_demo_runs_the_users_code_and_reruns_exactly_its_cells_after_an_
     assert set(e2e["model"]) == {MODEL} and set(e2e["status"]) == {"ok"}
     att = read_rows(root / "results/cpu-demo/attention.csv")
     status = att.groupby("impl")["status"].agg(lambda s: ",".join(sorted(set(s))))
-    assert status.to_dict() == {"course-flash": "ok", "eager": "ok", "no-scale": "wrong"}
-    wrong = att[att["impl"] == "no-scale"]
+    # no-rescale is right within one 128-wide tile, as at this cell's 64 positions: the check's 300 see its bug
+    assert status.to_dict() == {"course-flash": "ok", "eager": "ok", "no-scale": "wrong", "no-rescale": "wrong"}
+    wrong = att[att["impl"].isin(["no-scale", "no-rescale"])]
     assert wrong["median_ms"].isna().all() and wrong["error"].str.contains("max abs error").all()
     assert "no-scale" in (root / "report/cpu-demo/report.md").read_text()
 

@@ -187,6 +187,23 @@ def test_half_precision_matches_float64_reference(bf16_dot_in_the_interpreter, a
     _half_error_within_budget(fn, activation.split("-")[0], shape, dtype, is_causal)
 
 
+@runs_here
+@pytest.mark.parametrize("impl, activation", [("triton", "softmax"), ("triton", "relu"), ("triton-atomic", "softmax")])
+def test_our_kernels_pass_the_correctness_check(impl, activation):
+    # the check's length spans several of the kernels' tiles with a ragged last one; one head keeps the interpreter quick
+    from cs336sys.measure.correctness import check_attention, check_shape, check_timed_output
+    from cs336sys.models.attention import resolve
+
+    fn = resolve(impl, activation)[0]
+    assert (
+        max(check_attention(fn, (1, *check_shape(1, 16)[1:]), "fp32", True, torch.device(DEVICE), activation=activation).values())
+        < FP32_TOL
+    )
+    if impl == "triton":  # and an output at a length of its own, at sampled rows
+        q, k, v, _ = _inputs((1, 1, 333, 16))
+        assert check_timed_output(fn(q, k, v, is_causal=False), q, k, v, "fp32", False, activation=activation) < FP32_TOL
+
+
 @pytest.mark.skipif(ON_GPU or INTERPRETING, reason="the kernel tests run in this process")
 def test_cpu_suite_in_subprocess():
     env = {**os.environ, "TRITON_INTERPRET": "1"}

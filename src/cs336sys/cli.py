@@ -194,7 +194,8 @@ def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
     if args.memory_fraction is not None:
         config["memory_fraction"] = args.memory_fraction
     try:
-        validate_config(config, check_imports="here")  # this process imports torch anyway: the user's code too
+        # in a child, as the workflow does: a plug-in's import that hangs, exits or changes directory cannot reach this process
+        validate_config(config, check_imports="subprocess")
     except ConfigError as exc:
         parser.error(_name_flags(str(exc), args, values, from_file))
     if args.timeout is None:
@@ -280,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--csv {args.csv}: {exc.strerror}")
         if kind is not None:
             parser.error(f"--csv {args.csv} is {kind}; name a file (--csv replaces only a regular file)")
+        args.csv = os.path.abspath(args.csv)  # where it was meant, whatever directory the user's code moves to
     from cs336sys.pipeline.faults import FAULT_ENV, check_fault_spec
 
     try:

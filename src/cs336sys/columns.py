@@ -101,7 +101,7 @@ COLUMNS: dict[str, Column] = {c.name: c for c in [
     Column("concurrent_jobs", "", "max"),  # contamination seen in any pass stays visible
     *(Column(c, "B", "max") for c in ("peak_mem_bytes", "mem_before_fwd_bytes", "mem_before_bwd_bytes")),
     Column("finished_at", "", "last"),
-    *(Column(c, "", "join") for c in ("stop_reason", "energy_source", "energy_note", "concurrent_runs", "gpu_lock")),
+    *(Column(c, "", "join") for c in ("stop_reason", "energy_source", "energy_note", "concurrent_runs", "gpu_lock", "plugin_note")),
     *(Column(c, "", "derived") for c in ("passes", "pass_medians_ms")),
 ]}  # fmt: skip
 # Column families by name: the GPU/host state around the timed blocks (measure.gpu_state), the CUDA-graph

@@ -15,10 +15,12 @@ whose entry is :func:`user_attention` with the user's import path bound as optio
 schema's ``impl`` enums and the cell ids see the names at once. Every process that meets the names
 activates the section: the workflow (``pipeline.config.validate_config``), the CLI and the measuring
 child (a cell's ``plugins`` setting: the part of the section that the cell runs, so it is also part of
-the job's params). :func:`check_imports` imports the user's code (in a subprocess from the workflow,
-whose parse must not import torch) and reports a bad path, module, attribute or constructor by its key.
-:func:`source_files` walks the user's imports under ``path``, so a cell's code hash follows the user's
-files that it runs (``studies.cell_code_hash``).
+the job's params). :func:`check_imports_in_subprocess` (``plugin_imports``) imports the user's code in
+a child with a time limit and reports a bad path, module, attribute or constructor, an import that
+hangs or ends its process, by its key; the measuring child imports it again (:func:`preload`).
+A cell's code hash follows the user's files that it runs (``studies.cell_code_hash``):
+:func:`source_files` walks the user's imports under ``path``, and :func:`cell_files` adds every file
+the imports loaded where they were checked; :func:`unhashed_note` names the ones loaded later.
 """
 
 from __future__ import annotations
@@ -27,10 +29,7 @@ import ast
 import functools
 import hashlib
 import importlib
-import inspect
-import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -38,20 +37,20 @@ from typing import Any
 
 from cs336sys import catalog
 from cs336sys.errors import ConfigError
+from cs336sys.plugin_imports import check_imports as check_imports  # validation calls both here
+from cs336sys.plugin_imports import check_imports_in_subprocess as check_imports_in_subprocess
+from cs336sys.plugin_imports import describe, file_label, guarded, loaded_since, on_path, problem, record, recorded, targets, user_modules
 from cs336sys.provenance import imported_names
 
 FORMS = ("adapter", "callable")  # adapter: a function returning an autograd.Function class (the course's tests/adapters.py)
 ATTENTION_STUDIES = ("attention", "flash")  # the studies that feed a core raw (batch, heads, L, d) tensors
-# The course's BasicsTransformerLM constructor (cs336_basics/model.py), in its order
-MODEL_PARAMETERS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")
 ROPE_THETA = 10000.0  # the course's value, as our TransformerLM's default
 OURS = "cs336sys"  # the `model` column of rows measured on our TransformerLM
 
 _ACTIVE: dict[str, Any] = {}  # the section activated last in this process (normalised)
 
 
-def _problem(key: str, what: str) -> str:
-    return f"config key {key!r}: {what}"
+_problem = problem
 
 
 def _import_path(value: Any, key: str, problems: list[str]) -> None:
@@ -68,7 +67,7 @@ def normalise(section: Any) -> dict[str, Any]:
     if not isinstance(section, Mapping):
         raise ConfigError(f"invalid config:\n  {_problem('plugins', f'must be a mapping, not {type(section).__name__}')}")
     problems: list[str] = []
-    known = ("path", "model", "attention")
+    known = ("path", "model", "attention", "import_timeout_s")
     problems += [_problem(f"plugins.{k}", f"unknown key (allowed under plugins: {', '.join(known)})") for k in section if k not in known]
     out: dict[str, Any] = {}
     path = section.get("path")
@@ -80,6 +79,8 @@ def normalise(section: Any) -> dict[str, Any]:
                 _problem("plugins.path", f"{path!r} is not a directory (relative paths start at the working directory, {os.getcwd()})")
             )
         out["path"] = path
+    if "import_timeout_s" in section:  # its range and default: the schema's
+        out["import_timeout_s"] = section["import_timeout_s"]
     if section.get("model") is not None:
         _import_path(section["model"], "plugins.model", problems)
         out["model"] = section["model"]
@@ -177,16 +178,9 @@ def cell_plugins(study: str, axes: Mapping[str, Any], section: Mapping[str, Any]
 
 
 # --- importing the user's code --------------------------------------------------------------
-def _on_path(path: str) -> str:
-    full = str(Path(path).resolve())
-    if full not in sys.path:
-        sys.path.insert(0, full)
-    return full
-
-
 def load(path: str, target: str) -> Any:
     """The attribute that ``target`` (``module:attribute``) names, imported from directory ``path``."""
-    _on_path(path)
+    on_path(path)
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
 
@@ -210,75 +204,55 @@ def user_attention(q, k, v, is_causal: bool = False, *, function: str, form: str
     lead, (seq, dim) = q.shape[:-2], q.shape[-2:]
     flat = [t.reshape(-1, seq, dim) for t in (q, k, v)]
     out = fn(*flat, bool(is_causal))
-    return out.reshape(*lead, seq, out.shape[-1])
+    batch = flat[0].shape[0]
+    if getattr(out, "ndim", 0) < 1 or out.shape[0] != batch:
+        return out  # not a batch of outputs: the correctness check names what came back
+    return out.reshape(*lead, *out.shape[1:])  # the rest as the user's code shaped it, for the check to see
 
 
-def check_imports(section: Mapping[str, Any]) -> None:
-    """Import each plug-in and check it (the class's constructor, the adapter's answer); ConfigError names each bad key."""
+def preload(section: Mapping[str, Any]) -> set[str]:
+    """Import the plug-ins of a cell's ``section`` in this process (the measuring child) before its measurement, each
+    failure (``sys.exit`` included) a ConfigError naming its key, recording what each import loaded; answers the
+    user files loaded before (:func:`unhashed_note`)."""
+    before = set(user_modules())
     problems = []
-    path = section.get("path")
-    targets = [("plugins.model", section["model"])] if section.get("model") else []
-    targets += [(f"plugins.attention.{n}.function", s["function"]) for n, s in (section.get("attention") or {}).items()]
-    for key, target in targets:
-        module, _, attr = target.partition(":")
-        try:
-            _on_path(path)
-            found = getattr(importlib.import_module(module), attr, None)
-        except Exception as exc:  # noqa: BLE001 - whatever the user's import raises is the message
-            problems.append(_problem(key, f"cannot import {module!r} from {path!r}: {type(exc).__name__}: {exc}"))
-            continue
-        if found is None:
-            problems.append(_problem(key, f"module {module!r} has no attribute {attr!r}"))
-        elif key == "plugins.model":
-            problems += _check_model(key, found)
-        elif not callable(found):
-            problems.append(_problem(key, f"{target} is a {type(found).__name__}, not callable"))
-        elif section["attention"][key.split(".")[2]]["form"] == "adapter":
-            try:
-                cls = found()
-            except Exception as exc:  # noqa: BLE001
-                problems.append(_problem(key, f"calling the adapter {target}() raised {type(exc).__name__}: {exc}"))
-                continue
-            if not callable(getattr(cls, "apply", None)):
-                problems.append(_problem(key, f"the adapter {target}() returned {cls!r}, not an autograd.Function class "
-                                              "(form: adapter; a plain (q, k, v, causal) -> o function is form: callable)"))  # fmt: skip
+    for key, target, form in targets(section):
+        loaded = set(user_modules())
+        call = (
+            functools.partial(load, section["path"], target) if form is None else functools.partial(_user_fn, section["path"], target, form)
+        )
+        _, exc = guarded(key, call)
+        record(section["path"], target, loaded_since(loaded))
+        if exc is not None:
+            problems.append(_problem(key, f"importing {target} from {section['path']!r} raised {describe(exc)}"))
     if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+        raise ConfigError("; ".join(problems))
+    return before
 
 
-def _check_model(key: str, cls: Any) -> list[str]:
-    if not isinstance(cls, type):
-        return [_problem(key, f"{cls!r} is not a class")]
-    try:
-        params = inspect.signature(cls.__init__).parameters
-    except (TypeError, ValueError) as exc:
-        return [_problem(key, f"cannot read the constructor's signature: {exc}")]
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return []
-    missing = [p for p in MODEL_PARAMETERS if p not in params]
-    if missing:
-        return [_problem(key, f"{cls.__name__}.__init__ lacks the course's parameters {', '.join(missing)} "
-                              f"(it needs ({', '.join(MODEL_PARAMETERS)}))")]  # fmt: skip
-    return []
+def loaded_by_import(section: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """{'module:attribute': {file: label}} that importing each plug-in of ``section`` loaded in this process."""
+    return {target: recorded(section["path"], target) for _, target, _ in targets(section)}
 
 
-def check_imports_in_subprocess(section: Mapping[str, Any]) -> None:
-    """:func:`check_imports` in a fresh interpreter: the workflow's parse imports neither torch nor the user's code."""
-    if not (section.get("model") or section.get("attention")):
-        return
-    code = "import json, sys; from cs336sys import plugins; plugins.main(json.loads(sys.argv[1]))"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(dict(section))], capture_output=True, text=True, env=env, timeout=600)
-    if out.returncode != 0:
-        raise ConfigError(out.stdout.strip() or f"checking plugins failed: {out.stderr.strip()[-2000:]}")
+def record_loaded(section: Mapping[str, Any], loaded: Mapping[str, Mapping[str, str]]) -> None:
+    """Add what another process's import loaded (:func:`loaded_by_import`) to this process's record."""
+    for target, files in loaded.items():
+        record(section["path"], target, files)
 
 
-def main(section: Mapping[str, Any]) -> None:
-    try:
-        check_imports(section)
-    except ConfigError as exc:
-        print(exc)
-        sys.exit(1)
+def unhashed_note(section: Mapping[str, Any], before: set[str]) -> str:
+    """What this process loaded since ``before`` (:func:`preload`) of the user's files that the cell's code hash does not
+    cover (a helper imported only when called): editing one reruns nothing. "" where there is none."""
+    covered = {str(f.resolve()) for f in cell_files(section)}
+    missed = sorted(f for f in user_modules() if f not in before and f not in covered)
+    if not missed:
+        return ""
+    return (
+        f"the plug-in loaded {', '.join(missed)} while it ran, after its import: this cell's code hash does not cover "
+        f"{'them' if len(missed) > 1 else 'it'}, so editing {'them' if len(missed) > 1 else 'it'} reruns nothing (import it at the "
+        "plug-in's module level to have it hashed)"
+    )
 
 
 # --- the user's files a cell runs -----------------------------------------------------------
@@ -317,19 +291,25 @@ def source_files(path: str, modules: Iterable[str]) -> list[Path]:
 
 
 def cell_files(section: Mapping[str, Any]) -> list[Path]:
-    """The user's files that a cell with plug-in settings ``section`` (:func:`cell_plugins`) runs."""
+    """The user's files that a cell with plug-in settings ``section`` (:func:`cell_plugins`) runs: the static walk of
+    :func:`source_files` and every file that importing its plug-ins loaded where this process checked or imported them
+    (``plugin_imports``: helpers imported dynamically or from outside ``path`` included)."""
     if not section:
         return []
-    targets = [section["model"]] if section.get("model") else []
-    targets += [s["function"] for s in (section.get("attention") or {}).values()]
-    return source_files(section["path"], [t.partition(":")[0] for t in targets])
+    found = [target for _, target, _ in targets(section)]
+    files = set(source_files(section["path"], [t.partition(":")[0] for t in found]))
+    files.update(Path(f) for target in found for f in recorded(section["path"], target))
+    return sorted(files)
 
 
 def files_hash(files: Iterable[Path], root: str) -> str:
-    """One hash over the contents and ``root``-relative names of the user's ``files``."""
+    """One hash over the contents and names of the user's ``files`` (:func:`plugin_imports.file_label`: under ``root``
+    by their path there, elsewhere by their module's name, so that another checkout's hash is the same)."""
     digest = hashlib.sha256()
-    base = Path(root).resolve()
-    for file in sorted(files):
-        digest.update(file.relative_to(base).as_posix().encode())
-        digest.update(file.read_bytes())
+    for label, file in sorted((file_label(f, root), Path(f)) for f in files):
+        digest.update(label.encode())
+        try:
+            digest.update(file.read_bytes())
+        except OSError:  # gone since it was loaded: a change all the same
+            digest.update(b"\0missing")
     return digest.hexdigest()[:16]

@@ -113,10 +113,14 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
     if os.getppid() != job_pid:  # then the job is not our parent: watch it too
         watch_pid(job_pid)
     os.environ.update(pins)  # CUDA_VISIBLE_DEVICES of the leased GPU, before CUDA initialises
+    from cs336sys.measure import CACHE_DIR_ENV
+
+    os.environ.pop(CACHE_DIR_ENV, None)
     if cell.cache_dir:  # read by Triton and inductor when they first compile, after this point
         cache = Path(cell.cache_dir).resolve()
         os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+        os.environ[CACHE_DIR_ENV] = str(cache)  # the correctness check's verdicts (measure.checkcache)
 
     from cs336sys.measure import budget, busy, gpu_state, host_probe, timing
     from cs336sys.measure.env import environment, pick_device
@@ -146,6 +150,8 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
             from cs336sys import plugins
 
             plugins.activate(cell.plugins)
+            user_files = plugins.preload(cell.plugins)  # imported here: a failure (sys.exit too) names its key
+            conn.send(("plugin_files", plugins.loaded_by_import(cell.plugins)))  # the job's code record names them too
         module, _, name = cell.target.partition(":")
         measure = getattr(importlib.import_module(module), name)
         budget.reset()
@@ -155,6 +161,9 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
                 conn.send(("row", row))
         finally:  # before the outcome: the job stops listening once it has one
             conn.send(("spent", budget.spent()))
+            if cell.plugins and (note := plugins.unhashed_note(cell.plugins, user_files)):
+                print(f"cs336sys: warning: {note}", file=sys.stderr, flush=True)
+                conn.send(("env", {"plugin_note": note}))  # on every row, the failure's too
         conn.send(("done", None))
     except OutOfMemoryError as exc:
         if device is not None:
@@ -347,6 +356,10 @@ def _run_child(
             rows.append({**payload, "status": "ok", "error": ""})
         elif kind in ("begun", "spent"):
             clock[kind] = payload
+        elif kind == "plugin_files":
+            from cs336sys import plugins
+
+            plugins.record_loaded(cell.plugins, payload)
         elif kind == "done":
             break
         else:

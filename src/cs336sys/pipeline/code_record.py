@@ -44,9 +44,15 @@ def file_hashes(modules: Iterable[str], entries: Iterable[str] | None = None) ->
 
 
 def user_file_hashes(files: Iterable[Path], root: str) -> dict[str, str]:
-    """``{<root>/<path under root>: content hash}`` of a plug-in's files (cs336sys.plugins), named as the config's ``plugins.path``."""
+    """``{<root>/<path under root>: content hash}`` of a plug-in's files (cs336sys.plugins), named as the config's ``plugins.path``;
+    a file its import loaded from elsewhere by its real path ("" where it is gone)."""
     base = Path(root).resolve()
-    return {f"{root.rstrip('/')}/{Path(f).resolve().relative_to(base).as_posix()}": file_hash(f) for f in files}
+
+    def name(f: Path) -> str:
+        real = Path(f).resolve()
+        return f"{root.rstrip('/')}/{real.relative_to(base).as_posix()}" if real.is_relative_to(base) else real.as_posix()
+
+    return {name(f): file_hash(f) if Path(f).is_file() else "" for f in files}
 
 
 def cell_file_hashes(

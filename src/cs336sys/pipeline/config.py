@@ -351,6 +351,7 @@ def settings_snapshot(config: Mapping[str, Any]) -> dict:
     snapshot = _copy(dict(config))
     for key in ("warm_worker", "overwrite", "max_cell_jobs"):  # how jobs start and what may run, not what they measure
         snapshot.pop(key, None)
+    (snapshot.get("plugins") or {}).pop("import_timeout_s", None)  # how long the check may take, likewise
     for study in snapshot.get("studies") or []:
         for key in ("timeout_s", "resources"):
             (snapshot.get(study) or {}).pop(key, None)

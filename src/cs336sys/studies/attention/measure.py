@@ -2,8 +2,10 @@
 
 Both are timed by CUDA events inside the same step, and the memory in use
 between them is recorded: what the core keeps for backward. Before timing, the
-core's output and gradients are checked against float64 (``measure.correctness``):
-a wrong core is a ``wrong`` row, never a time.
+core's output and gradients are checked against float64 on a small shape of the
+cell's class, and after timing one more forward on the cell's own inputs is
+checked at sampled rows (``measure.correctness``): a wrong core is a ``wrong`` row,
+never a time.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from cs336sys import catalog
 from cs336sys.measure import SEED, budget, memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
-from cs336sys.measure.correctness import check_attention, check_shape
+from cs336sys.measure.correctness import check_implementation, check_shape, check_timed_call
 from cs336sys.measure.flops import attention_phase_flops
 from cs336sys.measure.timing import StepClock, time_steps, timing_rows
 from cs336sys.models.attention import get_attention
@@ -66,7 +68,7 @@ def measure(
     set_matmul_precision(precision)
     context["mode"] = "train"  # a wrong core's row is the train row it would have been
     with budget.part("check"):
-        check_attention(fn, check_shape((batch_size, 1), seq_len, d_model), precision, bool(causal), device, activation=activation)
+        check_implementation(impl, fn, check_shape(1, d_model), precision, bool(causal), device, activation=activation)
     if catalog.lookup(impl).compile:
         torch._dynamo.reset()  # the check's shape must not make the timed shape's compilation dynamic
     # (batch, 1 head, L, d): 4-D so that SDPA can pick a fused backend (3-D inputs fall back to math)
@@ -88,6 +90,8 @@ def measure(
     timing = time_steps(step, warmup=warmup_steps, steps=measure_steps, device=device)
     peak = memory.peak_allocated_bytes(device)
     busy = gpu_busy_share(step, device)
+    with budget.part("check"):
+        check_timed_call(fn, q, k, v, precision, bool(causal), activation=activation)
     elem = q.element_size()
     extra = {
         "mode": "train",

@@ -7,7 +7,9 @@ cell ``skipped`` with SDPA's reason. ``triton-atomic`` is ours with the one-kern
 tutorial kernel (``models.triton_tutorial_attention``), a reference point: the
 shapes it does not handle are not cells, and a direct call with one is skipped
 with the reason. Before timing, output and gradients are checked against float64
-(``measure.correctness``): a wrong kernel is a ``wrong`` row, never a time.
+on a small shape of the cell's class, and after timing one more forward on the
+cell's own inputs is checked at sampled rows (``measure.correctness``): a wrong
+kernel is a ``wrong`` row, never a time.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 
 from cs336sys import catalog
 from cs336sys.measure import SEED, budget, memory
-from cs336sys.measure.correctness import check_attention, check_shape
+from cs336sys.measure.correctness import check_implementation, check_shape, check_timed_call
 from cs336sys.measure.flops import attention_phase_flops
 from cs336sys.measure.timing import bench_stats
 from cs336sys.models.attention import resolve
@@ -95,7 +97,8 @@ def measure(
         with budget.part("warmup"):  # the kernel's compilation and autotuning at this shape
             out = _first_call(fn, q, k, v, causal)
         with budget.part("check"):
-            check_attention(fn, check_shape((batch_size, num_heads), seq_len, head_dim), precision, causal, device)
+            shape = check_shape(num_heads, head_dim, lambda n: not line.why_unsupported(n, head_dim, precision))
+            check_implementation(impl, fn, shape, precision, causal, device)
         if line.compile:  # the check's shape must not make the timed shape's compilation dynamic
             torch._dynamo.reset()
             out = fn(q, k, v, is_causal=causal)
@@ -111,6 +114,9 @@ def measure(
             "forward_backward": bench_stats(fwd_bwd, device, rep_ms=rep_ms, grad_to_none=grads),
         }
         peak = memory.peak_allocated_bytes(device)
+        out = None  # the backward's graph goes: this forward runs in the memory a timed one had
+        with budget.part("check"):
+            check_timed_call(fn, q, k, v, precision, causal)
     flops = attention_phase_flops(batch_size, num_heads, seq_len, head_dim, causal)
     for phase, stats in times.items():
         yield {
