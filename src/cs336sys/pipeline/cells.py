@@ -45,7 +45,7 @@ import torch
 
 from cs336sys.catalog import LM_STUDIES
 from cs336sys.columns import TIME_PARTS
-from cs336sys.pipeline.faults import FAULT_ENV, parse_fault_spec
+from cs336sys.pipeline.faults import FAULT_ENV, inject_fault
 from cs336sys.rows import Skip, Wrong
 
 PROGRESS_EVERY_S = 10.0
@@ -69,24 +69,6 @@ class Cell:
     # torch's intra-op threads in a CPU cell (None: one). Its shapes are tiny, and two threads on a loaded
     # two-core machine made a tiny model's step 20-80x slower (OpenMP's barriers wait for a descheduled thread).
     threads: int | None = None
-
-
-def _inject_fault(cell_id: str, spec: str) -> None:
-    if not spec:
-        return
-    kind, seconds, where = parse_fault_spec(spec)
-    if where and where not in cell_id:
-        return
-    if kind == "sleep":  # not a failure: the cell lasts longer, then measures normally
-        time.sleep(seconds)
-    if kind == "oom":
-        raise OutOfMemoryError(f"CUDA out of memory (injected by {FAULT_ENV})")
-    if kind == "error":
-        raise RuntimeError(f"injected error ({FAULT_ENV})")
-    if kind == "abort":
-        os.abort()
-    if kind == "hang":
-        time.sleep(3600)
 
 
 class _Context(dict):
@@ -145,7 +127,7 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
         busy.ENABLED = cell.pass_index == 0
         conn.send(("env", env))
         cap_memory(cell.memory_fraction, device)
-        _inject_fault(cell.cell_id, fault)
+        inject_fault(cell.cell_id, fault, OutOfMemoryError)
         if cell.plugins:  # the user's implementation names and model, as the workflow registered them
             from cs336sys import plugins
 

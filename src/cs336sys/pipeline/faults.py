@@ -12,6 +12,8 @@ unknown kind stops the run. No torch.
 from __future__ import annotations
 
 import math
+import os
+import time
 
 FAULT_ENV = "CS336SYS_INJECT_FAULT"
 FAULT_KINDS = ("oom", "error", "abort", "hang", "sleep")
@@ -43,3 +45,22 @@ def check_fault_spec(spec: str) -> None:
             raise ValueError(f"{FAULT_ENV}={spec!r}: sleep needs a finite number of seconds >= 0, e.g. sleep=1.5 (format: {FORMAT})")
     elif eq:
         raise ValueError(f"{FAULT_ENV}={spec!r}: fault kind {kind!r} takes no '=' value (format: {FORMAT})")
+
+
+def inject_fault(cell_id: str, spec: str, oom: type[BaseException]) -> None:
+    """Fail as ``spec`` says where ``cell_id`` matches it (in the measuring child); ``oom``: the framework's out-of-memory error."""
+    if not spec:
+        return
+    kind, seconds, where = parse_fault_spec(spec)
+    if where and where not in cell_id:
+        return
+    if kind == "sleep":  # not a failure: the cell lasts longer, then measures normally
+        time.sleep(seconds)
+    if kind == "oom":
+        raise oom(f"CUDA out of memory (injected by {FAULT_ENV})")
+    if kind == "error":
+        raise RuntimeError(f"injected error ({FAULT_ENV})")
+    if kind == "abort":
+        os.abort()
+    if kind == "hang":
+        time.sleep(3600)
