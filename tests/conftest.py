@@ -17,7 +17,7 @@ import torch  # noqa: E402
 # run from a checkout without `pip install -e .`
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from other_account import other_user  # noqa: E402, F401  (a fixture: the second account of the hostile-user tests)
+from other_account import other_user, shared_base  # noqa: E402, F401  (fixtures: the second account of the hostile-user tests)
 
 
 # The fast lane, `pytest -m "not slow"`, leaves out every test that starts processes: a snakemake run or
