@@ -3,12 +3,15 @@
 a. A cell job whose new rows are worse (skipped, error, timeout where its earlier CSV held ``ok`` rows)
    writes nothing and fails, naming the file and the opt-in (``--config overwrite=true``); a run
    name whose snapshot (results/<run>/config.yaml) says another device path is refused at parse time.
+b. The HTML command printed at the end of a run reproduces its settings: every ``--configfile`` once,
+   in order, and every ``--config`` override.
 """
 
 from __future__ import annotations
 
 import copy
 import csv
+import shlex
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from cs336sys import studies as S
 from cs336sys.pipeline import cells, warm
 from cs336sys.pipeline import config as C
 from cs336sys.pipeline.config import ConfigError, validate_config
+from cs336sys.pipeline.finish import finished_message, run_command
 from workflow_helpers import DEMO, REPO, copy_repo, load_config, snakemake
 
 # ---------------------------------------------------------------- a. no row replaced by a worse one unless asked
@@ -151,3 +155,46 @@ def test_a_committed_gpu_run_named_again_without_the_gpu_check_stops_before_any_
     for text in ("'check_local_cuda'", "check_local_cuda: true", "check_local_cuda: false", "overwrite=true"):
         assert text in r.output, (text, r.describe())
     assert not (root / "logs" / "h100").exists()
+
+
+# ---------------------------------------------------------------- b. the printed command reproduces the run
+
+
+def _as_snakemake_reads_it(command: str) -> tuple[list[str], dict]:
+    from snakemake.cli import get_argument_parser, parse_config
+
+    words = shlex.split(command)
+    assert words[0] == "snakemake", command
+    args = get_argument_parser().parse_args(words[1:])
+    return [str(p) for p in args.configfile], parse_config(args.config)
+
+
+OVERRIDES = {
+    "run": "auto",
+    "check_local_cuda": False,
+    "memory_fraction": 0.5,
+    "studies": ["e2e", "attention"],
+    "e2e": {"grid": {"size": ["small"], "context_length": ["128"]}, "batch_size": "2"},
+    "cache_dir": None,
+    "plugins": {"path": "my dir/with 'quotes'"},
+}
+
+
+def test_the_html_command_names_every_configfile_once_and_every_override(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    command = run_command("h100", ["config/full.yaml", Path("config/best.yaml")], OVERRIDES, "--report", "report.html")
+    assert command.count("--configfile") == 1, command
+    files, config = _as_snakemake_reads_it(command)
+    assert files == ["config/full.yaml", "config/best.yaml"]
+    assert config == {**OVERRIDES, "run": "h100"}  # the run as resolved: `auto` could name another GPU's run
+    (tmp_path / "report" / "h100").mkdir(parents=True)
+    (tmp_path / "report" / "h100" / "report.md").write_text("# h100\n")
+    text = finished_message(
+        "h100", "report/h100/report.md", "report/h100/answers.md", ["a.yaml", "b.yaml"], {"run": "h100", "device": "cpu"}
+    )
+    assert "--configfile a.yaml b.yaml --config run=h100 device=cpu" in text, text
+
+
+def test_the_html_command_without_overrides_names_no_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_command("cpu-demo", [DEMO], {}, "--report", "report.html") == f"snakemake --report report.html --configfile {DEMO}"
