@@ -5,19 +5,23 @@ a. A cell job whose new rows are worse (skipped, error, timeout where its earlie
    name whose snapshot (results/<run>/config.yaml) says another device path is refused at parse time.
 b. The HTML command printed at the end of a run reproduces its settings: every ``--configfile`` once,
    in order, and every ``--config`` override.
+c. Every hint the CLI prints names a flag that its study accepts.
 """
 
 from __future__ import annotations
 
 import copy
 import csv
+import re
 import shlex
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
 from cs336sys import studies as S
+from cs336sys.cli import build_parser, result_tables
 from cs336sys.pipeline import cells, warm
 from cs336sys.pipeline import config as C
 from cs336sys.pipeline.config import ConfigError, validate_config
@@ -198,3 +202,27 @@ def test_the_html_command_names_every_configfile_once_and_every_override(tmp_pat
 def test_the_html_command_without_overrides_names_no_config(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert run_command("cpu-demo", [DEMO], {}, "--report", "report.html") == f"snakemake --report report.html --configfile {DEMO}"
+
+
+# ---------------------------------------------------------------- c. the CLI's hints name flags its study takes
+
+
+def _accepted_flags(study: str) -> set[str]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "study").choices[study]
+    return {option for action in sub._actions for option in action.option_strings}
+
+
+def _flagged_rows(study: str) -> pd.DataFrame:
+    row = {"study": study, "status": "ok", "mode": "train", "phase": "step", "median_ms": 10.0, "ci_low_ms": 5.0, "ci_high_ms": 15.0,
+           "noisy": True, "host_bound": True, "trials": 1, "n": 5}  # fmt: skip
+    return pd.DataFrame([row])
+
+
+@pytest.mark.parametrize("study", list(S.STUDIES))
+def test_every_hint_of_the_cli_names_a_flag_its_study_accepts(study):
+    text = result_tables(_flagged_rows(study), study)
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text))
+    accepted = _accepted_flags(study)
+    assert named <= accepted, f"{study}: the hints name {sorted(named - accepted)}, which `cs336sys {study}` rejects:\n{text}"
+    assert "noisy:" in text and "one trial:" in text  # the hints are there, with or without a flag to name
