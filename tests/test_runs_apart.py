@@ -6,6 +6,8 @@ a. A cell job whose new rows are worse (skipped, error, timeout where its earlie
 b. The HTML command printed at the end of a run reproduces its settings: every ``--configfile`` once,
    in order, and every ``--config`` override.
 c. Every hint the CLI prints names a flag that its study accepts.
+d. ``--rerun-triggers`` without ``params`` (which carries the cells' code hashes) is warned about at
+   parse time.
 """
 
 from __future__ import annotations
@@ -226,3 +228,25 @@ def test_every_hint_of_the_cli_names_a_flag_its_study_accepts(study):
     accepted = _accepted_flags(study)
     assert named <= accepted, f"{study}: the hints name {sorted(named - accepted)}, which `cs336sys {study}` rejects:\n{text}"
     assert "noisy:" in text and "one trial:" in text  # the hints are there, with or without a flag to name
+
+
+# ---------------------------------------------------------------- d. a rerun trigger that turns content reruns off
+
+
+def test_rerun_triggers_without_params_are_warned_about():
+    from cs336sys.pipeline.code_record import rerun_trigger_warning
+
+    warning = rerun_trigger_warning(["mtime"])
+    assert warning and "params" in warning and "--rerun-triggers" in warning and "mtime params" in warning
+    assert rerun_trigger_warning(["mtime", "params", "input", "software-env"]) is None
+    assert rerun_trigger_warning(["params"]) is None
+
+
+@pytest.mark.slow
+def test_snakemake_warns_at_parse_time_when_params_is_no_rerun_trigger(tmp_path):
+    root = copy_repo(tmp_path / "repo")
+    r = snakemake(root, "-n", "--configfile", DEMO, "--rerun-triggers", "mtime", timeout=600)
+    assert r.returncode == 0, r.describe()
+    assert "--rerun-triggers" in r.output and "params" in r.output and "code" in r.output.lower(), r.describe()
+    quiet = snakemake(root, "-n", "--configfile", DEMO, timeout=600)
+    assert "without `params`" not in quiet.output, quiet.describe()
