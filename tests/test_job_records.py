@@ -5,7 +5,8 @@ a. Records are keyed on the run (its name and working directory), so two runs in
 b. Records are this account's own: in a private directory (0700, ours), each 0600, never read from a
    directory another account can write. Another account's forged records count for nothing, write no
    text into rows and cost a look no more than this account's own records do. Another account's job
-   counts only where the kernel says it holds a lock of one of this host's GPUs.
+   counts only where the kernel says it holds a lock of one of this host's GPUs; the record it writes
+   in a lock file it holds reaches a row (a timeout naming the holder) only as plain words.
 c. Another account that makes the shared lock directory first cannot switch the GPU lock off: this
    account's jobs still exclude each other through a lock directory of their own.
 """
@@ -230,6 +231,20 @@ def test_another_accounts_job_on_another_gpu_of_this_host_counts_and_says_no_mor
     assert row["gpu_uuid"] == "fake-0" and row["gpu_lock"] == "held", row
     assert row["concurrent_jobs"] == 1 and "GPU 1" in row["concurrent_runs"] and "another account" in row["concurrent_runs"], row
     assert not any("HYPERLINK" in str(v) or "<script" in str(v) for v in row.values()), row
+
+
+def test_a_lock_holders_record_reaches_a_timeout_row_only_as_plain_words(tmp_path, monkeypatch):
+    # whoever holds a shared lock file writes its record; a job that times out waiting names the holder in its row
+    monkeypatch.setenv("CS336SYS_FAKE_GPUS", "fake-0")
+    use_locks(monkeypatch, tmp_path / "locks")
+    with gpulock.acquire_gpu() as lease:
+        lease.path.write_text(json.dumps({"pid": 4242, "user": FORMULA, "run": FORMULA, "host": "<b>h</b>", "start": "=1+1"}))
+        with pytest.raises(TimeoutError) as info:
+            with gpulock.acquire_gpu(timeout_s=0.1, poll_s=0.02):
+                pass
+    message = str(info.value)
+    assert "pid 4242" in message, message
+    assert not any(c in message for c in '<>"=&'), message
 
 
 # ---------------------------------------------------------------- c. a lock that another account cannot switch off
