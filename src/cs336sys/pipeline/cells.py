@@ -277,9 +277,10 @@ def _gone(pid: int | None) -> bool:
 
 
 def _run_child(
-    cell: Cell, start_method: str | None, lease, owner_pid: int | None = None, progress=None, deadline=None, lock=None, beside=None
+    cell: Cell, start_method: str | None, lease, owner_pid: int | None, progress, deadline, lock, beside
 ) -> list[dict[str, Any]]:
-    from cs336sys.pipeline import gpulock, hostjobs
+    """``beside``: the watch of other runs' jobs busy while this one measures (``hostjobs.ConcurrencyWatch``)."""
+    from cs336sys.pipeline import gpulock
 
     ctx = _context(start_method)
     parent_conn, child_conn = ctx.Pipe(duplex=False)
@@ -287,7 +288,6 @@ def _run_child(
     # The fault spec is read here: a forkserver child has the server's environment, not ours.
     args = (child_conn, cell, os.environ.get(FAULT_ENV, ""), owner_pid or os.getpid(), pins)
     proc = ctx.Process(target=_child, args=args, daemon=True)
-    beside = beside or hostjobs.ConcurrencyWatch()  # other runs' jobs busy while this one measures
     with _main_not_reimported():
         proc.start()
     child_conn.close()
