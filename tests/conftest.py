@@ -28,7 +28,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cs336sys.measure.env import git_commit  # noqa: E402
-from other_account import other_user  # noqa: E402, F401  (a fixture: the second account of the hostile-user tests)
+from other_account import other_user, shared_base  # noqa: E402, F401  (fixtures: the second account of the hostile-user tests)
 
 # What every row carries is read once per process (git's commit, `uname -p` for the CPU's name): read
 # here, before any test, so a test of rows in this process starts no git or uname of its own.

@@ -2,7 +2,8 @@
 
 ``other_user`` makes a throwaway account for a test module (skipped without root or
 ``useradd``, except under ``CI=true``, where it must run); :func:`fork_as` runs a
-function in a forked child that has dropped to that account's uid and gid.
+function in a forked child that has dropped to that account's uid and gid;
+``shared_base`` is a directory like /tmp that both accounts reach.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 import traceback
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +35,15 @@ def other_user():
         yield pwd.getpwnam(name)
     finally:
         subprocess.run(["userdel", name], capture_output=True)
+
+
+@pytest.fixture
+def shared_base():
+    """A directory like /tmp (root's, world-writable, sticky) that the other user can reach."""
+    base = Path(tempfile.mkdtemp(prefix="cs336g-", dir="/tmp"))
+    base.chmod(0o1777)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def fork_as(user: pwd.struct_passwd, fn, *args) -> int:

@@ -3,10 +3,11 @@
 Run as root, a second account made here with ``useradd`` plays the other user (forked children
 that drop to its uid), so that root's powers hide nothing.
 
-a. A lock directory or lock file that is not safe (another user's directory, one others can write
-   without the sticky bit, a symlink, FIFO, directory or hard link at the lock path) is refused
+a. A shared lock directory or lock file that is not safe (another user's directory, one others can
+   write without the sticky bit, a symlink, FIFO, directory or hard link at the lock path) is refused
    with a message naming the path and its owner; no file we did not create is ever chmodded,
-   truncated or written through a link. The cell then runs unlocked and its rows say why.
+   truncated or written through a link. This account's own lock still holds the GPU, and the rows
+   say that it kept this account's runs apart only, and why.
 b. The wait for a busy GPU names the holder in the log every few seconds, and counts against the
    cell's time limit: a wait past it is a ``timeout`` row that names the holder.
 c. Every row says whether its cell held a GPU lock (``gpu_lock``: held / none: <reason>).
@@ -19,11 +20,9 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -62,15 +61,6 @@ def as_user(user: pwd.struct_passwd, fn, *args) -> None:
     """Run ``fn(*args)`` as ``user`` (:func:`other_account.fork_as`) and fail if it raises."""
     _, status = os.waitpid(fork_as(user, fn, *args), 0)
     assert os.waitstatus_to_exitcode(status) == 0, f"{fn.__name__} as {user.pw_name} failed"
-
-
-@pytest.fixture
-def shared_base():
-    """A directory like /tmp (root's, world-writable, sticky) that the other user can reach."""
-    base = Path(tempfile.mkdtemp(prefix="cs336g-", dir="/tmp"))
-    base.chmod(0o1777)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
@@ -116,6 +106,14 @@ def assert_refused(outcome: BaseException | None, *words: str) -> None:
         assert word in str(outcome), (word, str(outcome))
 
 
+def held_alone(*words: str) -> None:
+    """The GPU is held by this account's own lock alone, and the lease says why the shared one is not."""
+    with gpulock.acquire_gpu(timeout_s=1.0, poll_s=0.05) as lease:
+        assert lease.note.startswith("held: this account's runs only ("), lease.note
+        for word in words:
+            assert word in lease.note, (word, lease.note)
+
+
 # ---------------------------------------------------------------- a. nothing another user can turn against you
 
 
@@ -134,9 +132,8 @@ def test_lock_dir_made_first_by_another_user_is_refused(other_user, shared_base,
     locks = use_locks(monkeypatch, shared_base / "locks")
     as_user(other_user, _mkdir_open, str(locks))
     as_user(other_user, _plant_symlink, str(victim), str(locks / "fake-0.lock"))
-    outcome = try_acquire()
+    held_alone(str(locks), other_user.pw_name)
     assert_untouched(victim)
-    assert_refused(outcome, str(locks), other_user.pw_name)
 
 
 @pytest.mark.slow
@@ -146,9 +143,8 @@ def test_lock_dir_that_is_a_symlink_is_refused(other_user, shared_base, tmp_path
     target.mkdir()
     locks = use_locks(monkeypatch, shared_base / "locks")
     as_user(other_user, _plant_symlink, str(target), str(locks))
-    outcome = try_acquire()
+    held_alone(str(locks), "symbolic link", other_user.pw_name)
     assert list(target.iterdir()) == [], "a lock file was made in the directory the symlink points to"
-    assert_refused(outcome, str(locks), "symbolic link", other_user.pw_name)
 
 
 @pytest.mark.slow
@@ -158,9 +154,8 @@ def test_symlink_in_the_shared_sticky_dir_is_refused(other_user, shared_base, vi
     gpulock.lock_dir()
     assert locks.stat().st_uid == 0 and stat.S_IMODE(locks.stat().st_mode) == 0o1777
     as_user(other_user, _plant_symlink, str(victim), str(locks / "fake-0.lock"))
-    outcome = try_acquire()
+    held_alone(str(locks / "fake-0.lock"), "symbolic link", other_user.pw_name)
     assert_untouched(victim)
-    assert_refused(outcome, str(locks / "fake-0.lock"), "symbolic link", other_user.pw_name)
 
 
 def _plant_fifo(path: str) -> None:
@@ -184,10 +179,9 @@ def test_a_lock_path_that_is_no_plain_file_is_refused(kind, other_user, shared_b
     else:  # what an attacker could do where fs.protected_hardlinks is 0: a second name for a root file
         os.link(victim, path)
     t0 = time.monotonic()
-    outcome = try_acquire()
+    held_alone(str(path), kind)
     assert time.monotonic() - t0 < 5
     assert_untouched(victim)
-    assert_refused(outcome, str(path), kind)
 
 
 def _make_private_lock_file(path: str) -> None:
@@ -239,7 +233,7 @@ def test_our_dir_writable_by_others_without_sticky_bit_is_refused(tmp_path, fake
     locks = use_locks(monkeypatch, tmp_path / "locks")
     locks.mkdir()
     locks.chmod(0o777)  # anyone could rename our lock file away and put another in its place
-    assert_refused(try_acquire(), str(locks), "sticky")
+    held_alone(str(locks), "sticky")
 
 
 def test_lock_path_with_a_slash_is_refused(tmp_path, monkeypatch):
@@ -248,14 +242,17 @@ def test_lock_path_with_a_slash_is_refused(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_refused_lock_runs_the_cell_unlocked_and_says_so(other_user, shared_base, victim, fake_gpu, monkeypatch, capfd):
+def test_a_refused_shared_lock_leaves_the_cell_this_accounts_lock_and_says_so(
+    other_user, shared_base, victim, fake_gpu, monkeypatch, capfd
+):
     locks = use_locks(monkeypatch, shared_base / "locks")
     as_user(other_user, _mkdir_open, str(locks))
     as_user(other_user, _plant_symlink, str(victim), str(locks / "fake-0.lock"))
-    (row,) = run_cell(make_cell())
+    (row,) = run_cell(make_cell(), run="mine")
     assert_untouched(victim)
-    assert row["status"] == "ok", row
-    assert row["gpu_lock"].startswith("none: ") and str(locks) in row["gpu_lock"] and other_user.pw_name in row["gpu_lock"], row["gpu_lock"]
+    assert row["status"] == "ok" and row["gpu_uuid"] == "fake-0", row
+    note = row["gpu_lock"]
+    assert note.startswith("held: this account's runs only (") and str(locks) in note and other_user.pw_name in note, note
     assert str(locks) in capfd.readouterr().err  # and the job's log says so too
 
 
@@ -506,7 +503,8 @@ def test_a_killed_jobs_record_is_not_counted_and_is_cleaned_up(tmp_path, monkeyp
     job = subprocess.Popen([sys.executable, "-c", BARE_JOB, str(ready), "running", "30"], cwd=tmp_path, env=env)
     try:
         _wait_for(ready, job)
-        (record,) = locks.glob("job-*.json")
+        own = Path(f"{locks}-{os.geteuid()}")  # this account's own lock directory (pipeline.lockdirs)
+        (record,) = own.glob("job-*.json")
         watch = hostjobs.ConcurrencyWatch(run="elsewhere")
         assert watch.columns()["concurrent_jobs"] == 1  # alive and busy: counted
     finally:
@@ -517,5 +515,5 @@ def test_a_killed_jobs_record_is_not_counted_and_is_cleaned_up(tmp_path, monkeyp
     assert watch.columns() == {"concurrent_jobs": 0, "concurrent_runs": ""}  # nobody holds its flock: a dead job's
     with hostjobs.register_job() as mine:
         assert not record.exists()  # our own user's stale record, removed when we register
-        assert [p.name for p in locks.glob("job-*.json")] == [mine.name]
-    assert list(locks.glob("job-*")) == [] and list(locks.glob(".job-*")) == []
+        assert [p.name for p in own.glob("job-*.json")] == [mine.name]
+    assert list(own.glob("job-*")) == [] and list(own.glob(".job-*")) == []

@@ -372,14 +372,24 @@ def result_tables(frame, study: str) -> str:
                 table[[c for c in PAIR_COLUMNS if c in table.columns]].to_markdown(index=False, floatfmt=".4g")]  # fmt: skip
     flagged = {f.strip() for f in ", ".join(shown["flags"]).split(",") if f.strip()}
     if flagged:
-        meaning = {"noisy": f"the 95% interval is wider than ±{FLAG_DEFAULTS['noisy_rel']:.0%} of the median: rerun with more --trials "
-                            "or a larger --max-measure-s, and compare runs by their intervals, not their medians",
-                   "host-bound": "the GPU idled for part of the step: the time measures Python and the CPU as much as the GPU "
-                                 "(the GPU ms column, where shown, is the same work replayed as CUDA graphs)",
-                   "one trial": "the interval sees the steps of one timed block only, not the host's drift between blocks, so "
-                                "a rerun minutes later can land outside it: use --trials 3 or more"}  # fmt: skip
-        out += [""] + [f"{name}: {meaning[name]}." for name in meaning if name in flagged]
+        out += [""] + [f"{name}: {text}." for name, text in _flag_meanings(study, FLAG_DEFAULTS["noisy_rel"]).items() if name in flagged]
     return "\n".join(out)
+
+
+def _flag_meanings(study: str, noisy_rel: float) -> dict[str, str]:
+    """What each flag of the printed table means, and the flags of ``cs336sys <study>`` that would tighten it."""
+    section = load_schema()["properties"][study]["properties"]
+    takes = [key for key in ("trials", "max_measure_s") if key in section and key not in S.JOB_KEYS + S.study(study).cell_keys]
+    more = " or a larger ".join(f"more {_flag(k)}" if k == "trials" else _flag(k) for k in takes)
+    rerun = f"rerun with {more}" if more else "rerun it"
+    trials = "use --trials 3 or more" if "trials" in takes else "read it as one sample, not as a bound"
+    host = "the GPU idled for part of the step: the time measures Python and the CPU as much as the GPU"
+    return {
+        "noisy": f"the 95% interval is wider than ±{noisy_rel:.0%} of the median: {rerun}, and compare runs by their intervals, not their medians",
+        "host-bound": f"{host} (the GPU ms column, where shown, is the same work replayed as CUDA graphs)",
+        "one trial": "the interval sees the steps of one timed block only, not the host's drift between blocks, so "
+        f"a rerun minutes later can land outside it: {trials}",
+    }
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ ENV_COLUMNS = [
     "device", "device_name", "driver_version", "torch_version", "cuda_version",
     "python_version", "git_commit", "host", "started_at", "finished_at",
     "gpu_index", "gpu_uuid", "gpu_wait_s", "max_sm_clock_mhz", "gpu_state_note", "cpu_model", "cpu_count",
-    "gpu_lock",  # held | none: <reason> (pipeline.gpulock)
+    "gpu_lock",  # held | held: <which lock only> (<why>) | none: <reason> (pipeline.gpulock)
     "concurrent_jobs", "concurrent_runs",  # jobs of other runs busy beside the measurement, and their runs
     "pass_index",  # which pass over the grid measured the row (analysis.passes)
     *TIME_COLUMNS,

@@ -23,6 +23,8 @@ for _study in STUDIES:
                 mem_mb=cell_resource(_study, "mem_mb"),
                 timeout_s=cell_timeout(_study),
                 warm=int(config["warm_worker"]),
+                # a resource, not a param: asking to replace earlier rows reruns nothing (pipeline.keeprows)
+                overwrite=int(config["overwrite"]),
             params:
                 cell=cell_settings(_study, _k),
                 code=cell_code(_study),

@@ -21,7 +21,13 @@ from cs336sys.pipeline.config import ConfigError, check_run_snapshot, settings_s
 from cs336sys.pipeline.config import SCHEMA_PATH  # package data, with studies/*/schema.yaml
 from cs336sys.pipeline.config_file import check_layer, load_config_file
 from cs336sys.provenance import file_hash, modules_hash, module_closure
-from cs336sys.pipeline.code_record import cell_file_hashes, record_path, rerun_notes
+from cs336sys.pipeline.code_record import (
+    cell_file_hashes,
+    invocation_triggers,
+    record_path,
+    rerun_notes,
+    rerun_trigger_warning,
+)
 
 try:
     # Snakemake has merged these already, keeping the last of two equal keys and reading YAML 1.1
@@ -249,6 +255,10 @@ def _current_code(study, axes):
 
 
 if not (workflow.remote_exec or workflow.subprocess_exec):
+    # the code hash rides in the params: a user's --rerun-triggers without them reruns no edited cell
+    _warning = rerun_trigger_warning(invocation_triggers(sys.argv[1:]))
+    if _warning:
+        print(_warning, file=sys.stderr)
     for _note in rerun_notes(
         (s, previous_cell_csv(s, cell, k), _current_code(s, axes))
         for s in STUDIES

@@ -231,6 +231,7 @@ def run_cell(
     owner_pid: int | None = None,
     progress: Callable[[dict[str, Any], float], None] | None = None,
     job_started: float | None = None,
+    run: str | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``cell`` in a child process and return its rows (at least one), each with a status.
 
@@ -239,11 +240,12 @@ def run_cell(
     is gone, and pins the child to that GPU; a cell that waited says how long
     (``gpu_wait_s``), and the wait counts against ``cell.timeout_s``: a cell still
     queued at its limit is a ``timeout`` row naming the holder. Every row says
-    whether it held a lock (``gpu_lock``: ``held`` or ``none: <reason>``: a CPU
-    cell, no GPU listed, a MIG slice, a lock directory refused as unsafe -- such a
-    cell still runs, since its measurement is most likely fine, and says so) and
-    how many jobs of other runs were busy beside its measurement (``concurrent_jobs``,
-    ``concurrent_runs``; ``pipeline.hostjobs``).
+    whether it held a lock (``gpu_lock``: ``held``, ``held: <which lock only> (<why>)``,
+    or ``none: <reason>``: a CPU cell, no GPU listed, a MIG slice, every lock file
+    refused as unsafe -- such a cell still runs, since its measurement is most likely
+    fine, and says so) and how many jobs of other runs (``run``: this job's run name)
+    were busy beside its measurement (``concurrent_jobs``, ``concurrent_runs``;
+    ``pipeline.hostjobs``).
     ``start_method``: see :func:`_context`; pass ``"fork"`` only from a process
     that has run no torch computation. ``owner_pid``: the job this runs for, when
     that is not this process (the warm worker, ``pipeline.warm``): the measurement
@@ -255,7 +257,7 @@ def run_cell(
 
     clock = {"job": time.monotonic() if job_started is None else job_started}
     deadline = time.monotonic() + cell.timeout_s  # the time limit covers the wait for a GPU too
-    with hostjobs.register_job() as job, contextlib.ExitStack() as stack:
+    with hostjobs.register_job(run) as job, contextlib.ExitStack() as stack:
         gpus, reason = gpulock.find_gpus() if _needs_lease(cell) else ([], "cpu cell")
         lease, lock = None, {"gpu_lock": f"none: {reason}"}
         if gpus:
@@ -264,7 +266,7 @@ def run_cell(
             t0 = time.monotonic()
             try:
                 lease = stack.enter_context(gpulock.acquire_gpu(gpus, timeout_s=max(0.0, deadline - t0)))
-                lock = {"gpu_lock": "held", **gpulock.lease_columns(lease)}
+                lock = {"gpu_lock": lease.note, **gpulock.lease_columns(lease)}
             except gpulock.LockRefused as exc:
                 print(f"cs336sys: {exc}; the cell runs without a GPU lock", file=sys.stderr, flush=True)
                 lock = {"gpu_lock": f"none: {exc}"}
@@ -275,7 +277,8 @@ def run_cell(
                 return _finish(cell, _base_env(cell), [], ("timeout", error, {}), lock, clock)
         if job is not None:
             job.state("holding" if lease is not None else "running")
-        return _run_child(cell, start_method, lease, owner_pid, progress, deadline, lock, clock)
+        beside = hostjobs.ConcurrencyWatch(run, gpus, lease.uuid if lease is not None else None)
+        return _run_child(cell, start_method, lease, owner_pid, progress, deadline, lock, beside, clock)
 
 
 def _gone(pid: int | None) -> bool:
@@ -285,9 +288,10 @@ def _gone(pid: int | None) -> bool:
 
 
 def _run_child(
-    cell: Cell, start_method: str | None, lease, owner_pid: int | None = None, progress=None, deadline=None, lock=None, clock=None
+    cell: Cell, start_method: str | None, lease, owner_pid: int | None, progress, deadline, lock, beside, clock
 ) -> list[dict[str, Any]]:
-    from cs336sys.pipeline import gpulock, hostjobs
+    """``beside``: the watch of other runs' jobs busy while this one measures (``hostjobs.ConcurrencyWatch``)."""
+    from cs336sys.pipeline import gpulock
 
     ctx = _context(start_method)
     parent_conn, child_conn = ctx.Pipe(duplex=False)
@@ -295,7 +299,6 @@ def _run_child(
     # The fault spec is read here: a forkserver child has the server's environment, not ours.
     args = (child_conn, cell, os.environ.get(FAULT_ENV, ""), owner_pid or os.getpid(), pins)
     proc = ctx.Process(target=_child, args=args, daemon=True)
-    beside = hostjobs.ConcurrencyWatch()  # other runs' jobs busy while this one measures
     with _main_not_reimported():
         proc.start()
     child_conn.close()

@@ -17,9 +17,11 @@ another implementation (which reruns nothing) is no change.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +116,37 @@ def rerun_notes(cells: Iterable[tuple[str, str | Path, Mapping[str, str]]]) -> l
         + " rerun"
         for files, counts in sorted(jobs.items())
     ]
+
+
+def invocation_triggers(argv: Sequence[str]) -> list[object] | None:
+    """The rerun triggers of the ``snakemake`` command line ``argv``, its profiles applied as Snakemake applies them.
+
+    Snakemake tells a workflow its triggers only after the parse; this reads them with its own parser. None where
+    ``argv`` is no snakemake command line (a caller of Snakemake's API) or the parser has changed.
+    """
+    from snakemake.cli import parse_args
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # it says which profile again
+            _, args = parse_args(list(argv))
+    except BaseException:  # noqa: BLE001 - argparse's SystemExit, or whatever a newer Snakemake raises: no warning, no harm
+        return None
+    triggers = getattr(args, "rerun_triggers", None)
+    return list(triggers) if triggers is not None else None
+
+
+def rerun_trigger_warning(triggers: Iterable[object] | None) -> str | None:
+    """Why ``--rerun-triggers`` without ``params`` (Snakemake's names or its RerunTrigger members) is not safe; None where
+    it is, or where the triggers are unknown (None).
+
+    Each cell's params carry the hash of the code it runs and its settings: without that trigger an edit
+    to the measured code, or a changed setting, reruns nothing, and the run's rows stay those of the old code.
+    """
+    names = {str(getattr(t, "name", t)).lower().replace("_", "-") for t in (("params",) if triggers is None else triggers)}
+    if "params" in names:
+        return None
+    return (
+        f"warning: --rerun-triggers {' '.join(sorted(names))} is without `params`, which carries each cell's code hash and "
+        "settings: editing the code a cell measures, or a setting, reruns nothing, and its rows stay those of the old code. "
+        f"Add it: --rerun-triggers {' '.join([*sorted(names), 'params'])} (profiles/default: mtime params input software-env)"
+    )

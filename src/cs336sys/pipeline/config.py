@@ -9,7 +9,7 @@ the CLI and the report all see the same complete settings.
 Strict on purpose: an integer key takes no float (``2.0``) and a number key no bool; a pattern's
 ``$`` is the end of the text (Python's ``$`` also matches before a final newline); a run of more
 than ``max_cell_jobs`` cell jobs is refused before any is planned, and a run whose snapshot says
-another device (``RUN_WIDE_KEYS``) unless ``overwrite: true``. Files are read by
+another device path (``RUN_WIDE_KEYS``, a GPU sweep's ``check_local_cuda``) unless ``overwrite: true``. Files are read by
 ``pipeline.config_file`` (YAML 1.1 surprises, size and alias limits, empty study blocks).
 """
 
@@ -315,14 +315,22 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA_PATH, check_i
 
 
 def _shown(value: Any) -> str:
-    return "null" if value is None else str(value)
+    """A value as the config file spells it: null, true, false, the rest as it prints."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _device_path(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The run-wide keys that decide where a run's cells measure: ``RUN_WIDE_KEYS``, and for a GPU sweep whether
+    this machine's GPU is checked (false: a cluster's nodes, or cells ``skipped`` on a host whose GPU is gone)."""
+    keys = RUN_WIDE_KEYS + (("check_local_cuda",) if config.get("device") == "cuda" else ())
+    return {key: config.get(key) for key in keys if key in config}
 
 
 def check_run_snapshot(config: Mapping[str, Any], snapshot_path: str | Path) -> None:
-    """Refuse to remeasure a run whose snapshot differs in a key of ``RUN_WIDE_KEYS``, unless ``overwrite: true``.
+    """Refuse to remeasure a run whose snapshot says another device path (:func:`_device_path`), unless ``overwrite: true``.
 
-    Each of those keys is in every cell's params: under the same run name, every cell would run again and its
-    rows replace the run's (``ok`` rows by ``skipped`` ones where the device is gone), with exit status 0.
+    Its cells would run again, on another device or none, and their rows replace the run's (``ok`` rows by
+    ``skipped`` ones where the GPU is gone), with exit status 0.
     """
     path = Path(snapshot_path)
     if config.get("overwrite") or not path.is_file():
@@ -332,13 +340,13 @@ def check_run_snapshot(config: Mapping[str, Any], snapshot_path: str | Path) -> 
         raise ConfigError(f"{path} is not a run's settings snapshot (a mapping); remove it, or pass --config overwrite=true")
     run = config.get("run")
     lines = [
-        f"config key {key!r}: run {run!r} was measured with {key}: {_shown(old[key])} ({path}); this config says {key}: {_shown(config.get(key))}"
-        for key in RUN_WIDE_KEYS
-        if key in old and old[key] != config.get(key)
+        f"config key {key!r}: run {run!r} was measured with {key}: {_shown(old[key])} ({path}); this config says {key}: {_shown(value)}"
+        for key, value in _device_path(config).items()
+        if key in old and old[key] != value
     ]
     if lines:
-        lines.append("that changes every cell of the run, and the new rows would replace its rows: name another run "
-                     f"(--config run={run}-2, or run: in the config), or pass --config overwrite=true to remeasure this one")  # fmt: skip
+        how = f"name another run (--config run={run}-2, or run: in the config), or pass --config overwrite=true to remeasure this one"
+        lines.append(f"its cells would be measured again on another device path, and their rows would replace the run's: {how}")
         raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
 
 

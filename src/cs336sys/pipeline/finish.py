@@ -6,18 +6,32 @@ Called from workflow/rules/report.smk (Snakemake's lint keeps functions out of r
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import yaml
+
 
 def run_command(run: str, configfiles: Sequence[str | os.PathLike], overrides: Mapping, *head: str) -> str:
-    """``snakemake HEAD…`` with the invocation's --configfile files and its ``--config run=…``: what reaches this run again."""
+    """``snakemake HEAD…`` with this invocation's settings: its --configfile files, once and in order (of two
+    --configfile flags Snakemake keeps the last), and every --config override, the run's name as resolved."""
     words = ["snakemake", *head]
-    for path in configfiles:
-        words += ["--configfile", os.path.relpath(path) if os.path.isabs(path) else str(path)]
-    if "run" in overrides:
-        words += ["--config", f"run={run}"]
-    return " ".join(words)
+    if configfiles:
+        words += ["--configfile", *(os.path.relpath(p) if os.path.isabs(p) else str(p) for p in configfiles)]
+    settings = {**overrides, "run": run} if "run" in overrides else dict(overrides)
+    if settings:
+        words += ["--config", *(f"{key}={_config_value(value)}" for key, value in settings.items())]
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def _config_value(value: object) -> str:
+    """``value`` as ``--config key=VALUE`` spells it: Snakemake reads int, float, True/False, then YAML, else text."""
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip()
+    return str(value)
 
 
 def finished_message(run: str, report_md: str, answers_md: str, configfiles: Sequence, overrides: Mapping) -> str:

@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cs336sys.pipeline.keeprows import RowsKept, replacing
 from cs336sys.pipeline.warmcheck import (
     DIR_ENV,
     PER_JOB_ENV,
@@ -218,16 +219,18 @@ def _exchange(sock: socket.socket, path: Path, request: dict[str, Any]) -> dict[
     return None
 
 
-def run_job(cell: dict[str, Any], timeout_s: float, output: str, log: str, warm: bool = True) -> str:
-    """One cell job: the cell's CSV at ``output``, its log at ``log``; returns a one-line summary.
+def run_job(cell: dict[str, Any], timeout_s: float, output: str, log: str, warm: bool = True, run: str = "", replace: bool = False) -> str:
+    """One cell job of run ``run``: the cell's CSV at ``output``, its log at ``log``; returns a one-line summary.
 
-    With ``warm``, the warm server runs it; otherwise (or where no server starts, or
-    the one found may not be used) this process does, paying the imports itself.
+    With ``warm``, the warm server runs it; otherwise (or where no server starts, or the one found
+    may not be used) this process does. RowsKept unless ``replace``: ``pipeline.keeprows``.
     """
-    request = {"cell": cell, "timeout_s": timeout_s, "output": str(output), "log": str(log)}
+    request = {"cell": cell, "timeout_s": timeout_s, "output": str(output), "log": str(log), "run": run, "replace": replace}
     reply = request_cell(request) if warm else None
     if reply is None:
         return _job(request)
+    if reply.get("kept"):
+        raise RowsKept(reply["kept"])
     if not reply.get("ok"):
         raise RuntimeError(f"the warm server failed to run the job:\n{reply.get('error')}")
     return reply["summary"]
@@ -247,10 +250,12 @@ def _job(request: dict[str, Any], owner_pid: int | None = None) -> str:
             print(f"removed {stale} (its writer is gone)")
         cell = Cell(**request["cell"], timeout_s=request["timeout_s"])
         # nothing here has run torch; the rows' time_job_s counts from the job's process start
-        rows = run_cell(cell, start_method="fork", owner_pid=owner_pid, job_started=started_at(owner_pid or os.getpid()))
+        job_started = started_at(owner_pid or os.getpid())
+        rows = run_cell(cell, start_method="fork", owner_pid=owner_pid, job_started=job_started, run=request.get("run") or None)
         if owner_pid is not None and not pid_alive(owner_pid):
             raise RuntimeError("the job is gone; its cell's CSV is not written")
-        write_csv_atomic(rows_to_frame(rows, cell.axes), out)
+        with replacing(out, rows, request.get("replace") is True):  # RowsKept: nothing written
+            write_csv_atomic(rows_to_frame(rows, cell.axes), out)
         _record_code(cell, out)
         summary = f"{cell.cell_id}: " + ", ".join(sorted({r["status"] for r in rows}))
         print(summary)
@@ -295,6 +300,8 @@ def _handle(conn: socket.socket) -> None:
     git_commit.cache_clear()  # read now, for this job, never a value from before the fork
     try:
         reply = {"ok": True, "summary": _job(request, owner_pid=pid)}
+    except RowsKept as exc:  # not a failure of the server: the job says it as its own
+        reply = {"ok": False, "kept": str(exc)}
     except BaseException:  # the job must hear of it, whatever it was
         reply = {"ok": False, "error": traceback.format_exc()}
     _send(conn, reply)

@@ -39,6 +39,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cs336sys.pipeline.hostjobs import run_name
+
 DIR_ENV = "CS336SYS_WARM_DIR"
 REQUEST_TIMEOUT_S = 5.0  # a job sends its request as soon as it connects
 MAX_REQUEST_BYTES = 1 << 20
@@ -221,6 +223,8 @@ def checked_request(conn: socket.socket) -> tuple[int, dict[str, Any]]:
             "log": _inside(root, request["log"], "log"),
             "cwd": str(root),
             "env": {**job_environ(os.environ, env), "PWD": str(root)},
+            "run": run_name(request.get("run")),  # it names the job's run in other jobs' rows
+            "replace": request.get("replace") is True,
         }
     except (KeyError, TypeError, ValueError) as exc:
         raise Refused(f"a malformed request ({type(exc).__name__}: {exc})") from None
