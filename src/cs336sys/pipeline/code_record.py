@@ -150,3 +150,11 @@ def rerun_trigger_warning(triggers: Iterable[object] | None) -> str | None:
         "settings: editing the code a cell measures, or a setting, reruns nothing, and its rows stay those of the old code. "
         f"Add it: --rerun-triggers {' '.join([*sorted(names), 'params'])} (profiles/default: mtime params input software-env)"
     )
+
+
+def record_cell(cell: Any, out: Path) -> None:
+    """Leave the hashes of the files ``cell`` ran beside its CSV ``out``; never fails the job."""
+    try:
+        write_record(out, cell_file_hashes(cell.study, cell.axes, cell.plugins))
+    except Exception as err:  # noqa: BLE001 - the record only explains a later rerun; the cell is measured
+        print(f"no code record for {out.name}: {err}")

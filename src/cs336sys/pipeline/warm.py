@@ -240,6 +240,7 @@ def run_job(cell: dict[str, Any], timeout_s: float, output: str, log: str, warm:
 def _job(request: dict[str, Any], owner_pid: int | None = None) -> str:
     from cs336sys.fileio import remove_stale_temps
     from cs336sys.pipeline.cells import Cell, run_cell
+    from cs336sys.pipeline.code_record import record_cell
     from cs336sys.pipeline.jobs import log_to
     from cs336sys.pipeline.lifeline import pid_alive, started_at
     from cs336sys.rows import rows_to_frame, write_csv_atomic
@@ -256,20 +257,10 @@ def _job(request: dict[str, Any], owner_pid: int | None = None) -> str:
             raise RuntimeError("the job is gone; its cell's CSV is not written")
         with replacing(out, rows, request.get("replace") is True):  # RowsKept: nothing written
             write_csv_atomic(rows_to_frame(rows, cell.axes), out)
-        _record_code(cell, out)
+        record_cell(cell, out)
         summary = f"{cell.cell_id}: " + ", ".join(sorted({r["status"] for r in rows}))
         print(summary)
     return summary
-
-
-def _record_code(cell: Any, out: Path) -> None:
-    """Leave the hashes of the files this cell ran beside its CSV (pipeline.code_record); never fails the job."""
-    from cs336sys.pipeline.code_record import cell_file_hashes, write_record
-
-    try:
-        write_record(out, cell_file_hashes(cell.study, cell.axes, cell.plugins))
-    except Exception as err:  # noqa: BLE001 - the record only explains a later rerun; the cell is measured
-        print(f"no code record for {out.name}: {err}")
 
 
 def _send(conn: socket.socket, message: dict[str, Any]) -> bool:
