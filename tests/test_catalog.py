@@ -260,6 +260,8 @@ def test_unknown_names_are_refused_naming_the_allowed_ones():
         _flash_fn("sdpa-math", CPU)
     with pytest.raises(ValueError, match=f"unknown lm implementation 'compiled'; known: {', '.join(catalog.names(catalog.LM))}$"):
         catalog.lookup("compiled", catalog.LM)
+    with pytest.raises(ValueError, match="unknown kind of study 'e2e'; known: lm, attention-core, fused-attention$"):
+        catalog.names("e2e")  # a study's name where its kind belongs would offer nothing, unseen
 
 
 def test_the_lm_kind_runs_cores_of_the_attention_core_kind():

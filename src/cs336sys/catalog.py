@@ -154,6 +154,8 @@ def unregister(name: str) -> None:
 
 def impls(kind: str | None = None) -> tuple[Impl, ...]:
     """The implementations a study of ``kind`` offers (all of them without one), in declaration order."""
+    if kind is not None and kind not in KINDS:  # a study's name where its kind belongs would offer nothing, unseen
+        raise ValueError(f"unknown kind of study {kind!r}; known: {', '.join(KINDS)}")
     return tuple(i for i in _IMPLS.values() if kind is None or kind in i.kinds)
 
 

@@ -37,10 +37,10 @@ from typing import Any
 
 import torch
 
+from cs336sys import studies as S
 from cs336sys.catalog import LM
 from cs336sys.pipeline.faults import FAULT_ENV, parse_fault_spec
 from cs336sys.rows import Skip, Wrong
-from cs336sys.studies import study
 
 PROGRESS_EVERY_S = 10.0
 OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -346,7 +346,8 @@ def _finish(cell: Cell, env: dict[str, Any], rows: list[dict[str, Any]], failure
         rows.append({**before_any_part, **where, "status": status, "error": error})
     env.update(lock, finished_at=_now())
     head = {"study": cell.study, "cell_id": cell.cell_id, **cell.axes}
-    if study(cell.study).kind == LM:  # which LM ran: ours or the user's class (plugins.model)
+    spec = S.STUDIES.get(cell.study)  # None: a cell of no registered study (a test's)
+    if spec is not None and spec.kind == LM:  # which LM ran: ours or the user's class (plugins.model)
         head["model"] = (cell.plugins or {}).get("model") or "cs336sys"
     return [{**head, **row, "pass_index": cell.pass_index, **env} for row in rows]
 
