@@ -14,10 +14,9 @@ import torch
 
 from cell_kwargs import cell_kwargs
 from cs336sys import studies as S
-from cs336sys.analysis.metrics import add_derived
 from cs336sys.measure import flops as F
 from cs336sys.models.sizes import MODEL_SIZES
-from cs336sys.pipeline.merge import load_study, merge_cells
+from cs336sys.pipeline.merge import derive, load_study, merge_cells
 from cs336sys.rows import write_csv_atomic
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -112,7 +111,7 @@ def test_rederiving_a_merged_csv_recounts_it_and_changes_nothing_else(tmp_path):
     merged = merge_cells(_cell_files(tmp_path, "flash", [(axes, _flash_rows(None))]), "flash")
     old = merged.assign(flops=[OLD[p] * FORWARD / 2 for p in merged["phase"]])  # as a committed run holds it
     write_csv_atomic(old, tmp_path / "old.csv")
-    again = add_derived(load_study(tmp_path / "old.csv", "flash"))
+    again = derive(load_study(tmp_path / "old.csv", "flash"), "flash")
     assert again["flops"].tolist() == [0.5 * HAND[p] for p in again["phase"]]
     write_csv_atomic(again[merged.columns], tmp_path / "again.csv")
     derived = ["flops", "tflops", "mfu_pct"]

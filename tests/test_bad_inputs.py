@@ -45,7 +45,7 @@ TINY = {"d_model": 64, "d_ff": 256, "num_layers": 2, "num_heads": 4}
 STUDIES = "choose from " + ", ".join(S.STUDIES)  # the registry's order: a new study needs no edit here
 # the attention study's impls that offer softmax only, as its invalid-combination message groups them
 # ("sdpa × softmax"): from the catalog, so that a new implementation needs no edit here
-SOFTMAX_ONLY = ", ".join(i.name for i in catalog.impls("attention") if i.activations == ("softmax",)) + " × softmax"
+SOFTMAX_ONLY = ", ".join(i.name for i in catalog.impls(catalog.CORE) if i.activations == ("softmax",)) + " × softmax"
 NAME_RULE = "letters, digits, '.', '+', '-', starting with a letter or digit"
 
 
@@ -156,8 +156,8 @@ CONFIG_CASES = {
     "unknown-precision": ("e2e.grid.precision", ["fp16"], ["'e2e.grid.precision.0'", "['fp32', 'tf32', 'bf16']"]),
     "unknown-flash-precision": ("flash.grid.precision", ["tf32"], ["'flash.grid.precision.0'", "['fp32', 'bf16']"]),
     "unknown-mha-precision": ("mha.precision", "fp16", ["'mha.precision'", "['fp32', 'tf32', 'bf16']"]),
-    "unknown-lm-impl": ("e2e.grid.impl", ["cuda"], ["'e2e.grid.impl.0'", str(list(catalog.names("e2e")))]),
-    "unknown-attention-impl": ("attention.grid.impl", ["flash"], ["'attention.grid.impl.0'", str(list(catalog.names("attention")))]),
+    "unknown-lm-impl": ("e2e.grid.impl", ["cuda"], ["'e2e.grid.impl.0'", str(list(catalog.names(catalog.LM)))]),
+    "unknown-attention-impl": ("attention.grid.impl", ["flash"], ["'attention.grid.impl.0'", str(list(catalog.names(catalog.CORE)))]),
     "unknown-flash-impl": ("flash.grid.impl", ["sdpa-magic"], ["'flash.grid.impl.0'", "'sdpa-flash', 'sdpa-cudnn'"]),
     "unknown-variant": ("mha.grid.variant", ["exact"], ["'mha.grid.variant.0'", "['exact-eager', 'exact-sdpa', 'performer']"]),
     "unknown-kernel": ("mha.grid.kernel", ["tanh"], ["'mha.grid.kernel.0'", "['softmax', 'relu']"]),

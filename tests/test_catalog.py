@@ -28,6 +28,14 @@ PACKAGE = REPO / "src" / "cs336sys"
 CPU = torch.device("cpu")
 
 
+IMPL_STUDIES = [name for name, spec in S.STUDIES.items() if "impl" in spec.axes]  # the studies whose `impl` axis names an implementation
+
+
+def _offered(study: str) -> tuple[str, ...]:
+    """The implementations a study's `impl` axis offers: its kind's in the catalog."""
+    return catalog.names(S.study(study).kind)
+
+
 def _schema_impl_enum(study: str) -> list[str]:
     """The `impl` enum of a study's grid, following `$ref`s (the LM studies share `$defs/lm_impls`)."""
     schema = load_schema()
@@ -40,19 +48,19 @@ def _schema_impl_enum(study: str) -> list[str]:
 # ---------------------------------------------------------------- 1. every name the code and config use is declared
 
 
-@pytest.mark.parametrize("study", catalog.STUDIES)
+@pytest.mark.parametrize("study", IMPL_STUDIES)
 def test_each_schema_impl_enum_is_the_catalog_of_its_study(study):
     enum = _schema_impl_enum(study)
     assert len(enum) == len(set(enum)), f"{study}: repeated names in the schema's impl enum"
-    assert set(enum) == set(catalog.names(study)), (
-        f"schema {study}.grid.impl enum {enum} differs from the catalog's {list(catalog.names(study))}: "
+    assert set(enum) == set(_offered(study)), (
+        f"schema {study}.grid.impl enum {enum} differs from the catalog's {list(_offered(study))}: "
         "add the name to both (docs/adding-a-study.md, 'Adding an attention implementation')"
     )
 
 
-def test_the_studies_with_an_impl_axis_are_the_catalogs():
-    with_impl = {name for name, spec in S.STUDIES.items() if "impl" in spec.axes}
-    assert with_impl == set(catalog.STUDIES)
+def test_the_studies_with_an_impl_axis_are_those_of_the_catalogs_kinds():
+    assert set(IMPL_STUDIES) == {name for name, spec in S.STUDIES.items() if spec.kind in catalog.KINDS}
+    assert {S.study(name).kind for name in IMPL_STUDIES} == set(catalog.KINDS)  # every kind has a study
 
 
 def test_the_attention_study_says_which_impl_activation_pairs_exist():
@@ -61,7 +69,7 @@ def test_the_attention_study_says_which_impl_activation_pairs_exist():
     groups = [group.split(" × ") for group in why.rpartition("(valid: ")[2].rstrip(")").split("; ")]
     offered = {name: tuple(acts.split(", ")) for names, acts in groups for name in names.split(", ")}
     assert sum(len(names.split(", ")) for names, _ in groups) == len(offered), why
-    assert offered == {impl.name: impl.activations for impl in catalog.impls("attention")}, why
+    assert offered == {impl.name: impl.activations for impl in catalog.impls(catalog.CORE)}, why
     assert offered["sdpa"] == ("softmax",) and offered["triton"] == ("softmax", "relu"), why
 
 
@@ -74,10 +82,10 @@ def test_presets_name_only_catalog_implementations():
     for path in _presets():
         config = yaml.safe_load(path.read_text()) or {}
         own = set((config.get("plugins") or {}).get("attention") or {})  # a preset's plug-ins join the impl axis
-        for study in catalog.STUDIES:
+        for study in IMPL_STUDIES:
             section = config.get(study) or {}
             named = [*((section.get("grid") or {}).get("impl") or [])]
-            unknown = sorted(set(named) - set(catalog.names(study)) - own)
+            unknown = sorted(set(named) - set(_offered(study)) - own)
             assert not unknown, f"{path.relative_to(REPO)}: {study}.grid.impl names {unknown}, not in the catalog for {study}"
 
 
@@ -85,7 +93,7 @@ def test_study_specs_pair_only_catalog_implementations():
     for name, spec in S.STUDIES.items():
         for pair in spec.pairs:
             if pair.axis == "impl":
-                assert {pair.base, pair.other} <= set(catalog.names(name)), (name, pair)
+                assert {pair.base, pair.other} <= set(_offered(name)), (name, pair)
 
 
 IMPL_TOKEN = re.compile(r"(?<![\w.-])(?:triton|sdpa|tutorial)(?:-[a-z0-9]+)*(?![\w-])")  # sdpa-flash, triton-atomic…
@@ -224,10 +232,12 @@ def test_flash_dispatch_skips_triton_on_cpu_and_forces_sdpa_backends(monkeypatch
 
 
 def test_flash_cells_and_measurement_follow_each_lines_unsupported_rule():
-    grid = {"seq_len": [100, 128], "head_dim": [16, 64], "precision": ["bf16"], "impl": list(catalog.names("flash")), "num_heads": [1]}
+    grid = {"seq_len": [100, 128], "head_dim": [16, 64], "precision": ["bf16"], "impl": list(_offered("flash")), "num_heads": [1]}
     section = validate_config({"run": "t", "device": "cpu", "studies": ["flash"], "flash": {"grid": grid}})["flash"]
     cells = {(c["impl"], c["seq_len"], c["head_dim"]) for c in S.cells("flash", section)}
-    runs = {(i.name, L, d) for i in catalog.impls("flash") for L in (100, 128) for d in (16, 64) if not i.why_unsupported(L, d, "bf16")}
+    runs = {
+        (i.name, L, d) for i in catalog.impls(catalog.FUSED) for L in (100, 128) for d in (16, 64) if not i.why_unsupported(L, d, "bf16")
+    }
     assert cells == runs and ("tutorial", 128, 64) in cells and ("tutorial", 100, 64) not in cells
     from cs336sys.studies.flash.measure import measure
 
@@ -238,22 +248,29 @@ def test_flash_cells_and_measurement_follow_each_lines_unsupported_rule():
 def test_unknown_names_are_refused_naming_the_allowed_ones():
     from cs336sys.studies.flash.measure import _flash_fn
 
-    assert catalog.names("attention")[:4] == ("eager", "compiled", "sdpa", "triton")  # as variants.IMPLS listed them
-    with pytest.raises(ValueError, match=f"unknown attention implementation 'nope'; known: {', '.join(catalog.names('attention'))}$"):
+    cores = catalog.names(catalog.CORE)
+    assert cores[:4] == ("eager", "compiled", "sdpa", "triton")  # as variants.IMPLS listed them
+    with pytest.raises(ValueError, match=f"unknown attention-core implementation 'nope'; known: {', '.join(cores)}$"):
         attn.get_attention("nope")
-    with pytest.raises(ValueError, match="unknown attention implementation 'triton-atomic'"):
+    with pytest.raises(ValueError, match="unknown attention-core implementation 'triton-atomic'"):
         attn.get_attention("triton-atomic")  # a flash implementation, not a core of the attention study
-    with pytest.raises(ValueError, match=r"unknown flash implementation 'sdpa-math'; known: .*triton-atomic, tutorial, sdpa-flash"):
+    with pytest.raises(
+        ValueError, match=r"unknown fused-attention implementation 'sdpa-math'; known: .*triton-atomic, tutorial, sdpa-flash"
+    ):
         _flash_fn("sdpa-math", CPU)
-    with pytest.raises(ValueError, match=f"unknown e2e implementation 'compiled'; known: {', '.join(catalog.names('e2e'))}$"):
-        catalog.lookup("compiled", "e2e")
+    with pytest.raises(ValueError, match=f"unknown lm implementation 'compiled'; known: {', '.join(catalog.names(catalog.LM))}$"):
+        catalog.lookup("compiled", catalog.LM)
+    with pytest.raises(ValueError, match="unknown kind of study 'e2e'; known: lm, attention-core, fused-attention$"):
+        catalog.names("e2e")  # a study's name where its kind belongs would offer nothing, unseen
 
 
-def test_the_lm_studies_run_cores_of_the_attention_study():
-    # TransformerLM asks get_attention, which serves the attention study's names, for its softmax core
-    for study in catalog.LM_STUDIES:
-        assert set(catalog.names(study)) <= set(catalog.names("attention")), study
-        assert all("softmax" in i.activations for i in catalog.impls(study)), study
+def test_the_lm_kind_runs_cores_of_the_attention_core_kind():
+    # TransformerLM asks get_attention, which serves the attention cores' names, for its softmax core
+    assert set(catalog.names(catalog.LM)) <= set(catalog.names(catalog.CORE))
+    assert all("softmax" in i.activations for i in catalog.impls(catalog.LM))
+    lm = [name for name, spec in S.STUDIES.items() if spec.kind == catalog.LM]
+    assert {"e2e", "warmup", "profile", "memory"} <= set(lm)  # each offers the LM kind's implementations
+    assert all(_offered(name) == catalog.names(catalog.LM) for name in lm)
 
 
 def test_the_mha_studys_exact_variants_run_cores_the_catalog_serves():
@@ -262,12 +279,12 @@ def test_the_mha_studys_exact_variants_run_cores_the_catalog_serves():
     from cs336sys.models.variants import MHA_CORES, MHA_VARIANTS
 
     assert set(MHA_CORES) <= set(MHA_VARIANTS)
-    assert set(MHA_CORES.values()) <= set(catalog.names("attention"))
+    assert set(MHA_CORES.values()) <= set(catalog.names(catalog.CORE))
     assert S.cell_entries("mha", {"variant": "exact-sdpa"}) == ("sdpa",)
 
 
 def test_the_answers_split_ours_from_pytorchs_by_family():
-    ours = {i.name for i in catalog.impls("flash") if i.family in ("ours", "reference")}
+    ours = {i.name for i in catalog.impls(catalog.FUSED) if i.family in ("ours", "reference")}
     assert {"triton", "triton-atomic", "tutorial"} <= ours  # the list the answers spelled out before the catalog
     assert not ours & {"eager", "compiled", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient"}
 
@@ -284,7 +301,7 @@ def test_the_catalog_imports_without_torch():
 
 def _toy(name: str = "scratch-toy", **changes) -> catalog.Impl:
     fields = dict(name=name, family="ours", module="cs336sys.models.attention", entry={"softmax": "softmax_attention"},
-                  studies=("attention", "flash"), about="a toy")  # fmt: skip
+                  kinds=(catalog.CORE, catalog.FUSED), about="a toy")  # fmt: skip
     return catalog.Impl(**{**fields, **changes})
 
 
@@ -307,7 +324,7 @@ def test_register_refuses_a_name_declared_already(scratch_catalog):
 def test_register_refuses_a_line_naming_unknown_things(scratch_catalog):
     for changes, message in [
         ({"family": "theirs"}, "family 'theirs' .allowed: ours, pytorch, reference"),
-        ({"studies": ("mha",)}, r"studies \['mha'\] .allowed: one or more of e2e"),
+        ({"kinds": ("attention-layer",)}, r"kinds \['attention-layer'\] .allowed: one or more of lm, attention-core, fused-attention"),
         ({"entry": {"gelu": "f"}}, r"entry activations \['gelu'\]"),
         ({"entry": {"relu": "relu_attention"}}, "no softmax entry"),
         ({"name": "Toy_1"}, "name 'Toy_1'"),
@@ -321,8 +338,8 @@ def test_a_registered_implementation_is_offered_dispatched_and_hashed(scratch_ca
     from cs336sys.studies.flash.measure import _flash_fn
 
     catalog.register(_toy(module="cs336sys.models.performer", entry={"softmax": "performer_attention"}))
-    assert catalog.names("flash")[-1] == "scratch-toy" and "scratch-toy" in catalog.names("attention")
-    assert "scratch-toy" not in catalog.names("e2e")
+    assert _offered("flash")[-1] == "scratch-toy" and "scratch-toy" in _offered("attention")
+    assert "scratch-toy" not in _offered("e2e")
     from cs336sys.models.performer import performer_attention
 
     assert _flash_fn("scratch-toy", CPU)[0] is performer_attention

@@ -3,7 +3,7 @@
 A report that tells its reader to look in ``cs336sys.metrics`` after the module moved sends them
 nowhere. Names are resolved against the source tree, without importing anything (no torch): the
 longest prefix that is a module or package counts; the next part must be a name that module defines
-or imports at top level or lists in ``__all__`` (``cs336sys.analysis.metrics.PEAK_TFLOPS``), and any
+or imports at top level or lists in ``__all__`` (``cs336sys.analysis.peaks.PEAK_TFLOPS``), and any
 further parts (``Class.method``) must appear in its source. A word of a docstring is no attribute.
 """
 
@@ -83,14 +83,14 @@ def unresolved(name: str) -> str | None:
 def test_resolver_tells_modules_attributes_and_neither_apart():
     assert unresolved("cs336sys.analysis.metrics") is None
     assert unresolved("cs336sys.analysis") is None  # a package
-    assert unresolved("cs336sys.analysis.metrics.PEAK_TFLOPS") is None  # module + attribute
+    assert unresolved("cs336sys.analysis.peaks.PEAK_TFLOPS") is None  # module + attribute
     assert unresolved("cs336sys.TransformerLM") is None  # a lazy attribute, listed in __all__
     assert unresolved("cs336sys.rows.STATUSES") is None
     assert unresolved("cs336sys.metrics").startswith("no module cs336sys.metrics")
     assert unresolved("cs336sys.models") is None
     assert unresolved("cs336sys.attention").startswith("no module cs336sys.attention")  # a word of the docstring is no attribute
     assert unresolved("cs336sys.analysis.metrics.NO_SUCH_NAME_HERE").startswith("no module")
-    assert CITED.findall("see `cs336sys.analysis.metrics.PEAK_TFLOPS`. Or src/cs336sys.x") == ["cs336sys.analysis.metrics.PEAK_TFLOPS"]
+    assert CITED.findall("see `cs336sys.analysis.peaks.PEAK_TFLOPS`. Or src/cs336sys.x") == ["cs336sys.analysis.peaks.PEAK_TFLOPS"]
 
 
 def test_every_cited_module_exists():

@@ -26,7 +26,7 @@ TOP = PACKAGE / "pipeline" / "config.schema.yaml"
 
 TOY_INIT = """from cs336sys.studies import Study
 
-STUDY = Study(name="toy", question="a study added in a test", axes=("width", "depth"))
+STUDY = Study(name="toy", question="a study added in a test", axes=("width", "depth"), kind="toy")
 """
 TOY_SCHEMA = """\
 description: a study added in a test

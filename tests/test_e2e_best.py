@@ -7,11 +7,12 @@ import re
 
 import pandas as pd
 
-from cs336sys.analysis.metrics import add_derived
+from cs336sys.analysis.findings import NOT_SEPARATED, SEPARATED
 from cs336sys.handout.answers import build, write_answers
 from cs336sys.handout.answers_common import Run
 from cs336sys.handout.answers_lm import fastest_configuration
-from cs336sys.studies.e2e.report import NOT_SEPARATED, SEPARATED, describe_config, fastest_per_size, findings
+from cs336sys.pipeline.merge import derive
+from cs336sys.studies.e2e.report import describe_config, fastest_per_size, findings
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -31,7 +32,7 @@ def _row(size="xl", ctx=512, mode="train", precision="bf16", impl="sdpa", compil
 
 
 def _frame(*rows: dict) -> pd.DataFrame:
-    return add_derived(pd.DataFrame(list(rows)))
+    return derive(pd.DataFrame(list(rows)), "e2e")
 
 
 def test_picks_the_lowest_median_whole_step_and_names_the_runner_up():

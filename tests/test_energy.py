@@ -12,14 +12,17 @@ import pytest
 import torch
 
 from cell_kwargs import cell_kwargs
+from cs336sys import studies as S
 from cs336sys.analysis.energy import add_energy
 from cs336sys.analysis.metrics import add_derived
 from cs336sys.analysis.passes import combine_passes, widen
+from cs336sys.catalog import LM
 from cs336sys.columns import TIMING_COLUMNS, fold_of
 from cs336sys.measure import energy
 from cs336sys.measure.energy import COUNTER, Reading, energy_stats
 from cs336sys.measure.stats import summarize_trials
 from cs336sys.measure.timing import STEP, bench_stats
+from cs336sys.pipeline.merge import derive
 from workflow_helpers import DEMO_RUN, REPO, reference_runs
 
 CPU = torch.device("cpu")
@@ -147,7 +150,7 @@ def test_phase_rows_keep_their_reason_through_the_fold():
     assert pd.isna(row["energy_j"]) and row["energy_note"] == energy.STEP_ONLY
 
 
-def test_tokens_per_joule_for_lm_rows_only():
+def test_tokens_per_joule_for_the_rows_of_lm_studies_only():
     df = pd.DataFrame(
         [
             {"study": "e2e", "batch_size": 4, "context_length": 256, "tokens": 1024, "energy_j": 2.0, "energy_ci_low_j": 1.6, "energy_ci_high_j": 2.5},
@@ -156,12 +159,20 @@ def test_tokens_per_joule_for_lm_rows_only():
             {"study": "e2e", "batch_size": 4, "context_length": 256, "tokens": 1024, "energy_j": None},
         ]
     )  # fmt: skip
-    out = add_energy(df)
+    out = add_energy(df, lm=True)
     assert out["tokens_per_j"].iloc[0] == pytest.approx(512.0)
     assert (out["tokens_per_j_ci_low"].iloc[0], out["tokens_per_j_ci_high"].iloc[0]) == pytest.approx((1024 / 2.5, 1024 / 1.6))
     assert out["tokens_per_j"].iloc[1] == pytest.approx(256 / 0.5) and np.isnan(out["tokens_per_j_ci_low"].iloc[1])
-    assert np.isnan(out["tokens_per_j"].iloc[2]) and np.isnan(out["tokens_per_j"].iloc[3])
-    assert "tokens_per_j" in add_derived(df).columns  # the merge derives it
+    assert np.isnan(out["tokens_per_j"].iloc[3])
+    assert add_energy(df, lm=False)["tokens_per_j"].isna().all()  # a study of another kind: no tokens per step
+    # the merge asks the study's kind: every study of kind lm gets tokens per joule, a new one included
+    lm = [name for name in S.STUDIES if S.study(name).kind == LM]
+    assert {"e2e", "warmup", "profile", "memory"} <= set(lm)
+    for name in S.STUDIES:
+        derived = derive(df.iloc[:2].assign(study=name), name)["tokens_per_j"]
+        assert derived.notna().all() if name in lm else derived.isna().all(), name
+    new_lm = add_derived(df.iloc[:1].assign(study="a-new-lm-study"), lm=True)  # named in no list
+    assert new_lm["tokens_per_j"].iloc[0] == pytest.approx(512.0)
 
 
 # ---------------------------------------------------------------- the report, the answers, the comparison
@@ -177,12 +188,12 @@ def _e2e_step(size, precision, energy_j=None, low=None, high=None, **extra):
 def test_the_e2e_report_shows_j_per_step_watts_and_tokens_per_joule():
     from cs336sys.studies.e2e.report import energy_table, findings
 
-    df = add_derived(pd.DataFrame([_e2e_step("small", "bf16", 2.0, 1.6, 2.5, avg_power_w=410.0, energy_source=COUNTER, energy_note="")]))
+    df = derive(pd.DataFrame([_e2e_step("small", "bf16", 2.0, 1.6, 2.5, avg_power_w=410.0, energy_source=COUNTER, energy_note="")]), "e2e")
     table = energy_table(df)
     assert table.iloc[0]["J/step [95%]"] == "2 [1.6, 2.5]" and table.iloc[0]["avg W"] == 410.0
     assert table.iloc[0]["tokens/J [95%]"] == "512 [410, 640]" and table.iloc[0]["source"] == COUNTER
     assert "**Energy per step**" in findings(df)
-    empty = add_derived(pd.DataFrame([_e2e_step("small", "bf16", energy_note=energy.NO_CUDA)]))
+    empty = derive(pd.DataFrame([_e2e_step("small", "bf16", energy_note=energy.NO_CUDA)]), "e2e")
     assert energy_table(empty).empty and f"Energy per step: empty — {energy.NO_CUDA}" in findings(empty)
 
 

@@ -9,7 +9,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from cell_kwargs import cell_kwargs
-from cs336sys.analysis.metrics import PEAK_TFLOPS, add_derived, peak_tflops
+from cs336sys.analysis.metrics import add_derived
+from cs336sys.analysis.peaks import PEAK_TFLOPS, peak_tflops
 from cs336sys.measure import memory
 from cs336sys.measure.flops import (
     ATTENTION_BACKWARD_FACTOR,

@@ -3,7 +3,10 @@
 Read from the source with ``ast`` (nothing is imported, so no torch): imports at module level and
 inside functions alike, relative ones resolved. A module's floor follows from where it lives: a
 module at the package root is ground, a subpackage is one floor (:data:`FLOORS`), so the folder
-tree shows the layers that docs/architecture.md lists.
+tree shows the layers that docs/architecture.md lists. No two modules import each other, however
+indirectly (an import inside a function counts). Above the studies, what a study's report module
+offers is read through the registry, and only its ``figures``, ``findings`` and ``facts``; outside
+the studies' folders no module lists studies by name.
 """
 
 from __future__ import annotations
@@ -86,6 +89,83 @@ def upward_arrows() -> list[str]:
     return sorted({arrow for module, path in MODULES.items() for arrow in arrows_of(module, path)})
 
 
+# what a study's report module offers the floors above (the run report, the handout): its figures, its findings and
+# the typed facts its answers quote, nothing else (a constant or helper read there would be a study's fact kept elsewhere)
+REPORT_API = {"figures", "findings", "facts"}
+
+
+def _is_report_module(node: ast.AST) -> bool:
+    """Whether ``node`` calls the registry's ``report_module`` (``report_module(s)``, ``S.report_module(s)``)."""
+    func = node.func if isinstance(node, ast.Call) else None
+    return isinstance(func, ast.Name | ast.Attribute) and getattr(func, "id", getattr(func, "attr", "")) == "report_module"
+
+
+def _names(target: ast.expr) -> list[ast.Name]:
+    """The names an assignment's target binds: ``x``, ``a, b`` (not ``self.x`` or ``d[k]``)."""
+    if isinstance(target, ast.Tuple | ast.List):
+        return [n for t in target.elts for n in _names(t.value if isinstance(t, ast.Starred) else t)]
+    return [target] if isinstance(target, ast.Name) else []
+
+
+def registry_reads(path: Path) -> list[tuple[int, str]]:
+    """(line, attribute) of every attribute read from a study's report module that ``path`` gets through the registry:
+    on the call itself, or on a name bound to it (``E2E = report_module("e2e")``, ``A, B = (report_module(s) for …)``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(_is_report_module(n) for n in ast.walk(node.value)):
+            bound |= {n.id for t in node.targets for n in _names(t)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and (_is_report_module(node.value) or getattr(node.value, "id", None) in bound):
+            found.append((node.lineno, node.attr))
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph`` (module → the modules it imports): each strongly connected set of two or more."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while not part or part[-1] != v:
+                part.append(stack.pop())
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {m: {t for _, t in imports(m, path) if t in MODULES and t != m} for m, path in MODULES.items()}
+
+
+def study_lists(path: Path, names: set[str]) -> list[str]:
+    """``line: names`` of each tuple, list or set display (or dict display's keys) spelling two or more study ``names``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        items = node.keys if isinstance(node, ast.Dict) else node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else []
+        named = [n.value for n in items if isinstance(n, ast.Constant) and n.value in names]
+        if len(named) >= 2:
+            found.append(f"{node.lineno}: {named}")
+    return found
+
+
 def test_every_import_points_to_the_same_floor_or_below():
     arrows = upward_arrows()
     assert not arrows, f"{len(arrows)} imports run back up the floors {' < '.join(FLOORS)}:\n  " + "\n  ".join(arrows)
@@ -115,3 +195,56 @@ def test_a_study_is_reached_through_the_registry_not_by_path(tmp_path):
     down = tmp_path / "metrics.py"
     down.write_text("def f():\n    from cs336sys.studies import STUDIES\n")
     assert len(arrows_of("cs336sys.analysis.metrics", down)) == 1  # below the studies, not even the registry
+
+
+def test_above_the_studies_a_report_module_offers_only_figures_findings_and_facts():
+    above = [path for module, path in MODULES.items() if FLOORS.index(floor(module)) > FLOORS.index("studies")]
+    reads = [f"{path.relative_to(REPO)}:{line}: .{attr}" for path in above for line, attr in registry_reads(path) if attr not in REPORT_API]
+    assert not reads, (
+        "read through studies.report_module beyond figures/findings/facts (give the study's facts a field):\n  " + "\n  ".join(reads)
+    )
+    assert any(attr == "facts" for path in PACKAGE.glob("handout/*.py") for _, attr in registry_reads(path))  # the walker sees them
+
+
+def test_the_registry_reads_walker_follows_names_bound_to_a_report_module(tmp_path):
+    path = tmp_path / "answers.py"
+    path.write_text(
+        "from cs336sys import studies as S\nfrom cs336sys.studies import report_module\n"
+        "E2E, WARM = (report_module(s) for s in ('e2e', 'warmup'))\nx = E2E.PAIRED\ny = S.report_module('mha').facts(df).slopes\n"
+        "def f(run):\n    mod = report_module(run)\n    self.cache[run] = report_module(run).facts(df)\n"
+        "    return mod.findings(df), WARM.warmup_effect, self.rows\n"
+    )
+    assert sorted(attr for _, attr in registry_reads(path)) == ["PAIRED", "facts", "facts", "findings", "warmup_effect"]
+
+
+def test_no_import_circle_not_even_through_a_function_level_import():
+    circles = cycles(import_graph())
+    assert not circles, f"modules that import each other (move the shared piece down a module): {circles}"
+
+
+def test_the_circle_finder_sees_a_circle_through_a_function_level_import(tmp_path):
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    path = tmp_path / "metrics.py"  # roofline imported metrics inside its functions, metrics roofline at the top
+    path.write_text("from cs336sys.analysis.roofline import add_roofline\ndef f():\n    from cs336sys.analysis import metrics\n")
+    graph = {**import_graph(), "cs336sys.analysis.roofline": {t for _, t in imports("cs336sys.analysis.roofline", path)}}
+    graph["cs336sys.analysis.metrics"] |= {"cs336sys.analysis.roofline"}
+    assert ["cs336sys.analysis.metrics", "cs336sys.analysis.roofline"] in cycles(graph)
+
+
+def test_no_module_outside_a_studys_folder_lists_studies():
+    from cs336sys.studies import STUDIES
+
+    outside = [path for module, path in MODULES.items() if not module.startswith("cs336sys.studies.")]
+    lists = [f"{path.relative_to(REPO)}:{where}" for path in outside for where in study_lists(path, set(STUDIES))]
+    assert not lists, "study names listed outside the studies' folders (ask each study's spec, e.g. its kind):\n  " + "\n  ".join(lists)
+
+
+def test_the_study_list_walker_sees_tuples_lists_sets_and_dict_keys(tmp_path):
+    path = tmp_path / "energy.py"
+    path.write_text('LM = ("e2e", "warmup")\nX = {"e2e": 1, "flash": 2}\nY = ["mha"]\nZ = {"attention", "x", "flash"}\n')
+    assert study_lists(path, {"e2e", "warmup", "flash", "mha", "attention"}) == [
+        "1: ['e2e', 'warmup']",
+        "2: ['e2e', 'flash']",
+        "4: ['attention', 'flash']",
+    ]

@@ -7,6 +7,7 @@ torch and most of the package already, so its ``sys.modules`` proves nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -14,6 +15,7 @@ import pkgutil
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -342,6 +344,8 @@ def test_every_study_package_is_registered_with_its_schema_section():
         assert callable(measure.measure), f"cs336sys.studies.{name}.measure has no measure()"
         report = S.report_module(name)
         assert callable(report.figures) and callable(report.findings), f"{name}.report lacks figures/findings"
+        returns = typing.get_type_hints(report.facts)["return"]  # what the handout's answers quote: one typed interface
+        assert dataclasses.is_dataclass(returns) and all(f.type for f in dataclasses.fields(returns)), f"{name}.report.facts"
     with pytest.raises(ValueError, match="unknown study"):
         S.study("nonsense")
 
@@ -424,5 +428,15 @@ def test_an_axis_named_like_a_row_column_is_refused():
     from cs336sys.studies import Study, check_axes
 
     with pytest.raises(RuntimeError, match=r"\['n'\]"):
-        check_axes(Study(name="toy", question="", axes=("n", "precision")))
-    check_axes(Study(name="toy", question="", axes=("dim", "precision")))
+        check_axes(Study(name="toy", question="", axes=("n", "precision"), kind="toy"))
+    check_axes(Study(name="toy", question="", axes=("dim", "precision"), kind="toy"))
+
+
+def test_an_impl_axis_goes_with_a_kind_of_the_catalogs():
+    # the axis's values are the implementations of the study's kind (catalog lines name kinds, not studies)
+    from cs336sys.studies import Study, check_axes
+
+    for axes, kind in ((("impl", "seq_len"), "toy"), (("seq_len",), "lm")):
+        with pytest.raises(RuntimeError, match="an `impl` axis goes with a kind of the catalog's .lm, attention-core, fused-attention."):
+            check_axes(Study(name="toy", question="", axes=axes, kind=kind))
+    assert check_axes(Study(name="toy", question="", axes=("impl", "seq_len"), kind="lm")).kind == "lm"

@@ -17,7 +17,7 @@ import pytest
 
 from cell_kwargs import cell_kwargs
 from cs336sys import studies as S
-from cs336sys.catalog import LM_STUDIES
+from cs336sys.catalog import LM
 
 P = inspect.Parameter
 
@@ -45,7 +45,7 @@ def test_measure_takes_exactly_the_settings_a_cell_gets(name):
     params = inspect.signature(_measure(name)).parameters.values()
     named = {p.name for p in params if p.kind is P.KEYWORD_ONLY}
     rest = [p.name for p in params if p.kind is P.VAR_KEYWORD]
-    if name in LM_STUDIES:  # the shared LM settings arrive as **lm and become one LMCell
+    if S.study(name).kind == LM:  # the shared LM settings arrive as **lm and become one LMCell
         assert rest, f"{name}: an LM study takes its LM settings as **lm (an LMCell)"
         assert not named & _lm_fields(), f"{name}: {sorted(named & _lm_fields())} are LMCell fields"
         named |= _lm_fields()
@@ -57,7 +57,6 @@ def test_measure_takes_exactly_the_settings_a_cell_gets(name):
 def test_the_lm_cell_has_no_defaults_either():
     from cs336sys.measure.lm_steps import LMCell
 
-    assert LM_STUDIES == ("e2e", "warmup", "profile", "memory")
     defaulted = [f.name for f in dataclasses.fields(LMCell) if f.default is not dataclasses.MISSING]
     assert not defaulted and dataclasses.fields(LMCell)
     lm = {k: v for k, v in cell_kwargs("profile").items() if k in _lm_fields()}

@@ -15,12 +15,12 @@ import pandas as pd
 import pytest
 
 from cs336sys.analysis.findings import describe_ratio, percent_up
-from cs336sys.analysis.metrics import add_derived
 from cs336sys.handout.answers import write_answers
 from cs336sys.handout.answers_common import measured
 from cs336sys.handout.page import main as handout_main
 from cs336sys.handout.page import rebase
 from cs336sys.measure.stats import Interval
+from cs336sys.pipeline.merge import derive
 from cs336sys.runs import repeatability
 from cs336sys.runs.report import cell_table
 from cs336sys.studies import cell_id, study
@@ -84,7 +84,7 @@ def new_format_e2e() -> pd.DataFrame:
         if precision == "fp32":
             rows.append(_base(size, precision, kind="pair", mode="train", phase="step", pair_with="precision=bf16",
                               **{"pair_note": "", **BF16_PAIRS[size]}))  # fmt: skip
-    return add_derived(pd.DataFrame(rows))
+    return derive(pd.DataFrame(rows), "e2e")
 
 
 def _answers(page: str) -> dict[str, str]:

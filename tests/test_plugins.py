@@ -54,8 +54,9 @@ def _error(config, check_imports="here") -> str:
 # --- registration -------------------------------------------------------------------------------
 def test_user_names_join_the_catalog_and_the_schema_enums():
     config = validate_config(demo_config(section()), check_imports="here")
-    assert {"course-flash", "no-scale"} <= set(catalog.names("attention")) & set(catalog.names("flash"))
-    assert "course-flash" not in catalog.names("e2e")
+    offered = {name: set(catalog.names(S.study(name).kind)) for name in ("attention", "flash", "e2e")}
+    assert {"course-flash", "no-scale"} <= offered["attention"] & offered["flash"]
+    assert "course-flash" not in offered["e2e"]
     assert catalog.lookup("course-flash").family == "user"
     assert config["plugins"]["attention"]["course-flash"]["form"] == "adapter"
     grid = S.grid("attention", config)
@@ -145,7 +146,7 @@ def _fn(function: str, form: str):
     plugins.activate({"path": str(FIXTURE), "attention": {"x": {"function": function, "form": form}}})
     from cs336sys.models.attention import resolve
 
-    return resolve("x", study="flash")[0]
+    return resolve("x", kind=catalog.FUSED)[0]
 
 
 def test_the_adapter_folds_heads_into_the_batch():
@@ -162,7 +163,7 @@ def test_the_check_passes_a_right_implementation_and_ours():
     from cs336sys.models.attention import resolve
 
     shape = (2, 2, 64, 16)
-    for fn in (_fn(RIGHT, "adapter"), resolve("eager", study="flash")[0], resolve("sdpa", study="attention")[0]):
+    for fn in (_fn(RIGHT, "adapter"), resolve("eager", kind=catalog.FUSED)[0], resolve("sdpa", kind=catalog.CORE)[0]):
         errors = check_attention(fn, shape, "fp32", True, torch.device("cpu"))
         assert set(errors) == {"output", "dq", "dk", "dv"} and max(errors.values()) < 1e-4
 
@@ -171,7 +172,7 @@ def test_our_triton_kernel_through_the_adapter_gives_the_built_in_bits():
     # config/handout/flash-plugin.yaml times the two against each other: they must run the same kernels
     from cs336sys.models.attention import resolve
 
-    adapter, ours = _fn("tests.adapters:get_flashattention_autograd_function_triton", "adapter"), resolve("triton", study="flash")[0]
+    adapter, ours = _fn("tests.adapters:get_flashattention_autograd_function_triton", "adapter"), resolve("triton", kind=catalog.FUSED)[0]
     q, k, v = (torch.randn(1, 2, 32, 16, requires_grad=True) for _ in range(3))
     results = []
     for fn in (adapter, ours):

@@ -10,14 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cs336sys.pipeline.priorities import (
-    DEFAULT_ESTIMATE_S,
-    STUDY_ESTIMATE_S,
-    callable_priorities,
-    expected_seconds,
-    job_priorities,
-    measured_s,
-)
+from cs336sys import studies as S
+from cs336sys.pipeline.priorities import callable_priorities, expected_seconds, job_priorities, measured_s
 from workflow_helpers import DEMO, DEMO_RUN, copy_repo, dry_run, grid, load_config
 
 T0 = pd.Timestamp("2026-01-01T00:00:00+00:00")
@@ -53,12 +47,19 @@ def test_previous_results_else_the_study_estimate(tmp_path):
     _cell_csv(cell_file("e2e", "long", 1), [(100, 120)])
     _cell_csv(cell_file("e2e", "short", 0), [(0, 1)])
     grids = {"e2e": ["long", "short", "new"], "attention": ["x"], "brand-new-study": ["y"]}
-    expected = expected_seconds(grids, {"e2e": 2, "attention": 1, "brand-new-study": 1}, cell_file)
+    estimates = {"e2e": 5.0, "attention": 4.0, "brand-new-study": 7.0}
+    expected = expected_seconds(grids, {"e2e": 2, "attention": 1, "brand-new-study": 1}, cell_file, estimates)
     assert expected[("e2e", "long")] == pytest.approx(30.0)  # the mean of its passes
     assert expected[("e2e", "short")] == pytest.approx(1.0)
-    assert expected[("e2e", "new")] == STUDY_ESTIMATE_S["e2e"]
-    assert expected[("attention", "x")] == STUDY_ESTIMATE_S["attention"]
-    assert expected[("brand-new-study", "y")] == DEFAULT_ESTIMATE_S
+    assert expected[("e2e", "new")] == 5.0
+    assert expected[("attention", "x")] == 4.0
+    assert expected[("brand-new-study", "y")] == 7.0
+
+
+def test_each_study_carries_its_estimate_and_a_new_one_gets_the_default():
+    assert all(S.study(name).estimate_s > 0 for name in S.STUDIES)
+    assert S.study("profile").estimate_s > S.study("precision").estimate_s  # the H100 sweep's medians: 11 s and 0.5 s
+    assert S.Study(name="toy", question="?", axes=("width",), kind="toy").estimate_s == 5.0
 
 
 def test_longest_first_within_a_pass_and_every_pass_before_the_next():

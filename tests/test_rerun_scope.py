@@ -39,14 +39,18 @@ for preset in json.loads(sys.argv[1]):
 print(json.dumps(out))
 """
 
-TOY_INIT = """from cs336sys.studies import Study
+# an LM study with an attention core's shape: the facts that lived in shared tables (catalog, columns) live on its spec
+TOY_INIT = """from cs336sys.catalog import LM
+from cs336sys.studies import Study
 
-STUDY = Study(name="toy", question="a study added in a test", axes=("width",))
+STUDY = Study(name="toy", question="a study added in a test", axes=("width", "impl"), kind=LM, estimate_s=9.0,
+              attention_shape=lambda row: (1, 1, row.get("width"), 8, True))
 """
 TOY_SCHEMA = """\
 description: a study added in a test
 grid:
   width: {$ref: "#/$defs/posints", default: [2]}
+  impl: {$ref: "#/$defs/impls", default: [eager]}
 settings:
   timeout_s: {$ref: "#/$defs/timeout_s", default: 60}
   resources: {$ref: "#/$defs/resources"}
@@ -104,7 +108,7 @@ def _selects(cell: str, impl: str) -> bool:
 def test_a_new_catalog_line_changes_no_cell_hash_and_an_edited_one_only_its_cells(src_copy):
     catalog = src_copy / "cs336sys" / "catalog.py"
     before = _hashes(src_copy)
-    toy = '    Impl("toy-line", "pytorch", _CORES, _SDPA, ("flash",), "a toy line", traffic="fused"),\n'
+    toy = '    Impl("toy-line", "pytorch", _CORES, _SDPA, (FUSED,), "a toy line", traffic="fused"),\n'
     _edit(catalog, ")  # fmt: skip\n\n_IMPLS", toy + ")  # fmt: skip\n\n_IMPLS")
     assert _hashes(src_copy) == before
     _edit(catalog, '"our Triton FlashAttention-2 kernel"', '"our Triton FlashAttention-2 kernel (edited)"')
@@ -126,9 +130,6 @@ def test_a_new_fold_column_changes_no_cell_hash_but_a_new_statistic_changes_ever
         columns, '    Column("finished_at", "", "last"),\n', '    Column("finished_at", "", "last"),\n    Column("toy_note", "", "join"),\n'
     )
     _edit(columns, '    "torch_version", "cuda_version",', '    "torch_version", "cuda_version", "toy_first",')
-    _edit(
-        columns, '    "flash": _flash_shape,\n', '    "flash": _flash_shape,\n    "toy": lambda row: (1, 1, row.get("seq_len"), 8, True),\n'
-    )
     assert _hashes(src_copy) == before
     # a column with a `stat` is computed by every measuring child (measure.timing): every cell's rows change
     _edit(

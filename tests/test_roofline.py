@@ -13,9 +13,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from cs336sys.analysis import metrics, roofline
-from cs336sys.analysis.metrics import add_derived, peak_gbps
+from cs336sys.analysis import peaks, roofline
+from cs336sys.analysis.peaks import peak_gbps
 from cs336sys.measure import bytes_moved as BM
+from cs336sys.pipeline.merge import derive
+from cs336sys.studies import study
 from cs336sys.studies.attention import report as attention_report
 from cs336sys.studies.flash import report as flash_report
 from workflow_helpers import REPO
@@ -27,6 +29,8 @@ X = 2 * 3 * 128 * 64 * 4  # 196 608
 S = 2 * 3 * 128 * 128 * 4  # 393 216
 M = 2 * 3 * 128 * 128  # 98 304
 R = 2 * 3 * 128 * 4  # 3 072
+
+ATTENTION_SHAPE = study("attention").attention_shape  # the core a row of the attention study timed
 
 
 def test_eager_attention_moves_its_score_and_probability_matrices():
@@ -71,10 +75,10 @@ def test_bytes_follow_each_implementations_catalog_line():
     assert counted == {"eager": "eager", "compiled": "compiled", "triton": "fused", "triton-atomic": "fused", "tutorial": "fused",
                        "sdpa": "fused", "sdpa-flash": "fused", "sdpa-cudnn": "fused", "sdpa-efficient": "fused"}  # fmt: skip
     with pytest.raises(ValueError, match="traffic 'tiled'"):
-        catalog.register(catalog.Impl("odd", "ours", "m", {"softmax": "f"}, ("flash",), "odd", traffic="tiled"))
+        catalog.register(catalog.Impl("odd", "ours", "m", {"softmax": "f"}, (catalog.FUSED,), "odd", traffic="tiled"))
     # a user's plug-in is counted only where its line says how it moves bytes
-    mine = catalog.register(catalog.Impl("my-fused", "user", "m", {"softmax": "f"}, ("flash",), "mine", traffic="fused"))
-    plain = catalog.register(catalog.Impl("my-plain", "user", "m", {"softmax": "f"}, ("flash",), "plain"))
+    mine = catalog.register(catalog.Impl("my-fused", "user", "m", {"softmax": "f"}, (catalog.FUSED,), "mine", traffic="fused"))
+    plain = catalog.register(catalog.Impl("my-plain", "user", "m", {"softmax": "f"}, (catalog.FUSED,), "plain"))
     try:
         assert BM.attention_phase_bytes(2, 3, 128, 64, True, "fp32", mine.name) == BM.attention_phase_bytes(
             2, 3, 128, 64, True, "fp32", "triton"
@@ -126,7 +130,7 @@ def _attention_row(impl: str, phase: str, median_ms: float, device: str = H100, 
 def test_derived_columns_have_the_hand_computed_values():
     # B 2, H 1, L 128, d 64, fp32: x = 65 536, s = 131 072; forward FLOPs 4·B·L²·d = 8 388 608
     rows = pd.DataFrame([_attention_row("eager", "forward", 0.001), _attention_row("triton", "forward", 0.001)])
-    out = add_derived(rows).set_index("impl")
+    out = derive(rows, "attention").set_index("impl")
     eager, fused = out.loc["eager"], out.loc["triton"]
     assert eager["bytes_moved"] == 4 * 65_536 + 6 * 131_072 == 1_048_576
     assert eager["achieved_gbps"] == pytest.approx(1_048_576 / 1e-6 / 1e9)  # 1048.6 GB/s in 1 µs
@@ -141,12 +145,12 @@ def test_derived_columns_have_the_hand_computed_values():
 
 
 def test_an_unknown_device_leaves_the_bandwidth_columns_empty_with_the_reason():
-    out = add_derived(pd.DataFrame([_attention_row("eager", "forward", 0.001, device="Acme X9 accelerator")]))
+    out = derive(pd.DataFrame([_attention_row("eager", "forward", 0.001, device="Acme X9 accelerator")]), "attention")
     row = out.iloc[0]
     assert row["bytes_moved"] == 1_048_576 and row["achieved_gbps"] > 0  # counted and timed all the same
     assert math.isnan(row["bw_frac"]) and math.isnan(row["roof_tflops"]) and pd.isna(row["bound"])
     assert "no peak bandwidth known for 'Acme X9 accelerator'" in row["roofline_note"]
-    extended = roofline.add_roofline(out, {"X9": {"fp32": 10.0}}, {"X9": 1000.0}).iloc[0]
+    extended = roofline.add_roofline(out, {"X9": {"fp32": 10.0}}, {"X9": 1000.0}, ATTENTION_SHAPE).iloc[0]
     assert extended["bw_frac"] == pytest.approx(1.048576)  # 1048.6 GB/s of 1000: the count or the override is off, shown as is
     assert extended["roof_tflops"] == pytest.approx(8.0) and extended["bound"] == "memory"  # 8 FLOP/B × 1 TB/s < 10 TFLOP/s
 
@@ -172,7 +176,7 @@ def test_the_optimizer_step_counts_adamw_and_other_rows_say_why_they_have_no_byt
 def test_a_failed_row_or_one_without_shape_columns_is_empty_not_an_error():
     failed = {**_attention_row("eager", "", float("nan")), "status": "oom"}
     old = {"study": "mha", "status": "ok", "median_ms": 2.0}  # a run from before these columns: no phase, device, precision
-    out = roofline.add_roofline(pd.DataFrame([failed, old]))
+    out = roofline.add_roofline(pd.DataFrame([failed, old]), shape=ATTENTION_SHAPE)
     assert out["bytes_moved"].isna().all() and out["bound"].isna().all()
     assert all(out["roofline_note"].str.len() > 0)
 
@@ -180,7 +184,7 @@ def test_a_failed_row_or_one_without_shape_columns_is_empty_not_an_error():
 def _synthetic_attention() -> pd.DataFrame:
     rows = [_attention_row(impl, phase, ms, cell_id=f"{impl}-{n}", seq_len=n)
             for impl, ms in (("eager", 0.5), ("triton", 0.05)) for n in (128, 256) for phase in ("forward", "backward")]  # fmt: skip
-    return add_derived(pd.DataFrame(rows))
+    return derive(pd.DataFrame(rows), "attention")
 
 
 def test_the_roofline_figure_is_drawn_for_a_study_with_countable_rows(tmp_path):
@@ -190,10 +194,10 @@ def test_the_roofline_figure_is_drawn_for_a_study_with_countable_rows(tmp_path):
     path = roofline.roofline_plot(df, tmp_path / "roofline.png", "t", "attention cores")
     assert path.is_file() and path.stat().st_size > 1000
     unknown = df.assign(device_name="Acme X9 accelerator")  # points, no roofs
-    assert roofline.roofline_plot(roofline.add_roofline(unknown), tmp_path / "u.png", "t", "x").stat().st_size > 1000
+    assert roofline.roofline_plot(roofline.add_roofline(unknown, shape=ATTENTION_SHAPE), tmp_path / "u.png", "t", "x").stat().st_size > 1000
     assert "**Roofline**" in attention_report.findings(df) and "`eager`" in roofline.roofline_summary(df)
     flash = df.assign(study="flash", head_dim=64, num_heads=1).drop(columns=["d_model", "activation"])
-    assert "roofline" in [name for name, _ in flash_report.figures(add_derived(flash), "t")]
+    assert "roofline" in [name for name, _ in flash_report.figures(derive(flash, "flash"), "t")]
 
 
 def test_a_run_merged_before_the_columns_existed_still_reports_them(tmp_path):
@@ -218,12 +222,12 @@ def test_a_run_merged_before_the_columns_existed_still_reports_them(tmp_path):
 
 def test_bandwidth_table_and_peak_flops_table_name_the_same_gpus():
     # every GPU with a peak TFLOP/s has a peak bandwidth too, or its MFU would have no roofline beside it
-    for name in metrics.PEAK_TFLOPS:
-        assert any(name in key for key in metrics.PEAK_GBPS), name
+    for name in peaks.PEAK_TFLOPS:
+        assert any(name in key for key in peaks.PEAK_GBPS), name
 
 
 def test_peak_tflops_matches_whole_words_longest_key_first():
-    from cs336sys.analysis.metrics import peak_tflops
+    from cs336sys.analysis.peaks import peak_tflops
 
     assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0  # not the SXM figure of the shorter key "H100"
     assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4

@@ -395,21 +395,22 @@ def test_cli_config_applies_flags_to_the_derived_columns(monkeypatch, tmp_path):
     import pandas as pd
 
     from cs336sys import rows
-    from cs336sys.analysis import metrics
+    from cs336sys.pipeline import merge
 
     seen = {}
 
-    def derived(frame, overrides=None, flags=None, gbps_overrides=None):
-        seen.update(overrides=overrides, flags=flags, gbps=gbps_overrides)
+    def derived(frame, study, overrides=None, flags=None, gbps_overrides=None):
+        seen.update(study=study, overrides=overrides, flags=flags, gbps=gbps_overrides)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cells_module, "run_cell", lambda *a, **k: [])
     monkeypatch.setattr(rows, "rows_to_frame", lambda *a, **k: pd.DataFrame())
-    monkeypatch.setattr(metrics, "add_derived", derived)
+    monkeypatch.setattr(merge, "derive", derived)
     path = _tiny_file(tmp_path, "flags: {noisy_rel: 0.2}\npeak_tflops: {cpu: {fp32: 0.5}}\npeak_gbps: {cpu: 50}\n")
     with pytest.raises(KeyboardInterrupt):
         main(["e2e", "--config", str(path), "--size", "tiny", "--device", "cpu"])
     assert seen["flags"]["noisy_rel"] == 0.2 and seen["overrides"] == {"cpu": {"fp32": 0.5}} and seen["gbps"] == {"cpu": 50}
+    assert seen["study"] == "e2e"  # what the study says of its rows (its kind, its attention core) reaches the analysis
 
 
 CLI_REJECTED = {

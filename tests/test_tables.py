@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import typing
 
 import pandas as pd
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from cs336sys import studies as S
 from cs336sys.analysis.tables import failures, of_kind, ok_rows
 from cs336sys.pipeline.config import validate_config
-from cs336sys.pipeline.merge import ALIASES, load_study, merge_cells, upgrade
+from cs336sys.pipeline.merge import load_study, merge_cells, upgrade
 from cs336sys.rows import HEAD_COLUMNS, write_csv_atomic
 from workflow_helpers import DEMO, REPO, load_config
 
@@ -39,25 +40,23 @@ def demo_config():
 
 def _old_frame(study: str, axes: dict) -> pd.DataFrame:
     """One row as a run from before the axes' renaming wrote it: old column names, old cell id."""
-    old = {new: old for old, new in ALIASES[study].items()}
+    old = {new: old for old, new in S.study(study).renamed.items()}
     row = {"study": study, "cell_id": "old-style-id", "status": "ok", "error": ""}
     row.update({old.get(axis, axis): value for axis, value in axes.items()})
     row.update(mode="train", phase="step", median_ms=2.0)
     return pd.DataFrame([row])
 
 
-@pytest.mark.parametrize("study", sorted(ALIASES))
+@pytest.mark.parametrize("study", sorted(name for name in S.STUDIES if S.study(name).renamed))
 def test_upgrade_renames_old_axis_columns_and_rebuilds_cell_ids(demo_config, study):
-    axes = S.cells(study, demo_config[study])[0]
+    spec = S.study(study)
+    axes = {**S.cells(study, demo_config[study])[0], **spec.added_axes}  # an axis added since has its old runs' value
     old = _old_frame(study, axes)
-    if study == "memory":
-        old = old.drop(columns=["attn"])  # not a column then (a section setting): every committed run was eager
-    if study == "e2e":
-        old = old.drop(columns=[a for a in ("cuda_graphs",) if a in old])  # axes added since
-    assert set(ALIASES[study]) & set(old.columns), "the old frame should carry old names"
+    old = old.drop(columns=[{v: k for k, v in spec.renamed.items()}.get(a, a) for a in spec.added_axes])  # not a column then
+    assert set(spec.renamed) & set(old.columns), "the old frame should carry old names"
     new = upgrade(old, study)
-    assert set(S.study(study).axes) <= set(new.columns)
-    assert not set(ALIASES[study]) & set(new.columns), f"old names left: {set(ALIASES[study]) & set(new.columns)}"
+    assert set(spec.axes) <= set(new.columns)
+    assert not set(spec.renamed) & set(new.columns), f"old names left: {set(spec.renamed) & set(new.columns)}"
     assert new["cell_id"].tolist() == [S.cell_id(study, {a: new[a].iloc[0] for a in S.study(study).axes})]
     for axis, value in axes.items():
         assert new[axis].iloc[0] == value, axis
@@ -87,7 +86,7 @@ def test_runs_load_with_the_current_axes_and_cell_ids(path):
     study = str(df["study"].iloc[0])
     axes = S.study(study).axes
     assert set(axes) <= set(df.columns), f"{path}: missing axes {set(axes) - set(df.columns)}"
-    assert not set(ALIASES.get(study, {})) & set(df.columns), f"{path}: old column names left"
+    assert not set(S.study(study).renamed) & set(df.columns), f"{path}: old column names left"
     expected = [S.cell_id(study, dict(zip(axes, values))) for values in df[list(axes)].itertuples(index=False)]
     assert df["cell_id"].tolist() == expected
     assert not df["error"].isna().any()  # read as text, empty for ok rows
@@ -95,6 +94,8 @@ def test_runs_load_with_the_current_axes_and_cell_ids(path):
     findings = S.report_module(study).findings(df)
     assert isinstance(findings, str) and findings.strip(), f"{path}: no findings"
     assert isinstance(S.report_module(study).figures(df, "test"), list)
+    facts = S.report_module(study).facts(df)  # the typed facts the answers quote, of a real run
+    assert isinstance(facts, typing.get_type_hints(S.report_module(study).facts)["return"]), f"{path}: facts"
 
 
 def test_each_fixture_is_a_run_of_the_registered_study_it_is_named_after():

@@ -1,8 +1,9 @@
 """Ground floor, torch-free: every attention implementation a study can select, declared once.
 
 One :class:`Impl` line per implementation says where its code lives, which
-callable to call for each activation, which studies offer it, whether it needs
-CUDA and which shapes it cannot run. Everything else follows from the line:
+callable to call for each activation, which kinds of study offer it (:data:`KINDS`:
+every study of a kind offers it, so a new study of a kind gets its implementations
+with no edit here), whether it needs CUDA and which shapes it cannot run. Everything else follows from the line:
 the names ``models.variants`` exports, dispatch (``models.attention.resolve``
 imports ``module`` only when asked, so Triton stays optional), the rerun
 hashes (a cell hashes an implementation's module only when its ``impl`` axis
@@ -28,8 +29,12 @@ FAMILIES = ("ours", "pytorch", "reference", "user")
 # between the matmuls; fused: one kernel that never writes the L×L matrices. "" (the default): not counted
 TRAFFIC = ("eager", "compiled", "fused")
 ACTIVATIONS = ("softmax", "relu")
-LM_STUDIES = ("e2e", "warmup", "profile", "memory")  # attention inside TransformerLM: softmax, causal
-STUDIES = (*LM_STUDIES, "attention", "flash")  # the studies whose `impl` axis names an implementation
+# The kinds of study whose `impl` axis names an implementation (a study's `Study.kind`): what its cells run.
+LM = "lm"  # TransformerLM steps: attention inside the model, softmax, causal; a step is batch × context tokens
+CORE = "attention-core"  # one attention core on (batch, heads, L, d) tensors, softmax or ReLU, causal or not
+FUSED = "fused-attention"  # causal softmax attention against fused kernels and SDPA's backends, do_bench
+KINDS = (LM, CORE, FUSED)
+SOFTMAX_KINDS = (LM, FUSED)  # an implementation offered to these needs a softmax entry
 NAME = re.compile(r"[a-z0-9][a-z0-9-]*")  # a name is part of cell ids and result paths
 
 
@@ -41,7 +46,7 @@ class Impl:
     family: str  # one of FAMILIES
     module: str  # dotted path of the module holding its code (imported at lookup; hashed into its cells)
     entry: Mapping[str, str]  # activation → attribute of `module` to call; its keys are the activations offered
-    studies: tuple[str, ...]  # the studies whose `impl` axis offers it (of STUDIES)
+    kinds: tuple[str, ...]  # the kinds of study whose `impl` axis offers it (of KINDS)
     about: str  # how a sentence names it: "unsupported by <about>: …"
     needs_cuda: bool = False  # a Triton kernel: on CPU only under TRITON_INTERPRET=1
     options: Mapping[str, Any] = field(default_factory=dict)  # keyword arguments bound to the entry
@@ -54,7 +59,7 @@ class Impl:
         # read-only, so that a registered line cannot change under the cells that hashed it
         object.__setattr__(self, "entry", MappingProxyType(dict(self.entry)))
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
-        object.__setattr__(self, "studies", tuple(self.studies))
+        object.__setattr__(self, "kinds", tuple(self.kinds))
 
     @property
     def activations(self) -> tuple[str, ...]:
@@ -96,19 +101,18 @@ _OURS = "cs336sys.models.triton_attention"
 _TUTORIAL = "cs336sys.models.triton_tutorial_attention"
 _EAGER = {"softmax": "softmax_attention", "relu": "relu_attention"}
 _SDPA = {"softmax": "sdpa_attention"}  # SDPA has no ReLU
-_LM = LM_STUDIES
 
 # One line per implementation; the order is the order error messages list the names in.
 _BUILT_IN = (
-    Impl("eager", "pytorch", _CORES, _EAGER, (*_LM, "attention", "flash"), "eager PyTorch attention", traffic="eager"),
-    Impl("compiled", "pytorch", _CORES, _EAGER, ("attention", "flash"), "torch.compile of eager attention", compile=True, traffic="compiled"),
-    Impl("sdpa", "pytorch", _CORES, _SDPA, (*_LM, "attention"), "PyTorch's scaled_dot_product_attention", traffic="fused"),
-    Impl("triton", "ours", _OURS, {"softmax": "flash_attention", "relu": "relu_attention_fused"}, (*_LM, "attention", "flash"), "our Triton FlashAttention-2 kernel", needs_cuda=True, traffic="fused"),
-    Impl("triton-atomic", "ours", _OURS, {"softmax": "flash_attention"}, ("flash",), "our Triton kernel with the atomic-dQ backward", needs_cuda=True, options={"atomic_dq": True}, traffic="fused"),
-    Impl("tutorial", "reference", _TUTORIAL, {"softmax": "tutorial_attention"}, ("flash",), "the Triton tutorial kernel", needs_cuda=True, unsupported=tutorial_unsupported, traffic="fused"),
-    Impl("sdpa-flash", "pytorch", _CORES, _SDPA, ("flash",), "SDPA's FlashAttention backend", backend="FLASH_ATTENTION", traffic="fused"),
-    Impl("sdpa-cudnn", "pytorch", _CORES, _SDPA, ("flash",), "SDPA's cuDNN backend", backend="CUDNN_ATTENTION", traffic="fused"),
-    Impl("sdpa-efficient", "pytorch", _CORES, _SDPA, ("flash",), "SDPA's memory-efficient backend", backend="EFFICIENT_ATTENTION", traffic="fused"),
+    Impl("eager", "pytorch", _CORES, _EAGER, (LM, CORE, FUSED), "eager PyTorch attention", traffic="eager"),
+    Impl("compiled", "pytorch", _CORES, _EAGER, (CORE, FUSED), "torch.compile of eager attention", compile=True, traffic="compiled"),
+    Impl("sdpa", "pytorch", _CORES, _SDPA, (LM, CORE), "PyTorch's scaled_dot_product_attention", traffic="fused"),
+    Impl("triton", "ours", _OURS, {"softmax": "flash_attention", "relu": "relu_attention_fused"}, (LM, CORE, FUSED), "our Triton FlashAttention-2 kernel", needs_cuda=True, traffic="fused"),
+    Impl("triton-atomic", "ours", _OURS, {"softmax": "flash_attention"}, (FUSED,), "our Triton kernel with the atomic-dQ backward", needs_cuda=True, options={"atomic_dq": True}, traffic="fused"),
+    Impl("tutorial", "reference", _TUTORIAL, {"softmax": "tutorial_attention"}, (FUSED,), "the Triton tutorial kernel", needs_cuda=True, unsupported=tutorial_unsupported, traffic="fused"),
+    Impl("sdpa-flash", "pytorch", _CORES, _SDPA, (FUSED,), "SDPA's FlashAttention backend", backend="FLASH_ATTENTION", traffic="fused"),
+    Impl("sdpa-cudnn", "pytorch", _CORES, _SDPA, (FUSED,), "SDPA's cuDNN backend", backend="CUDNN_ATTENTION", traffic="fused"),
+    Impl("sdpa-efficient", "pytorch", _CORES, _SDPA, (FUSED,), "SDPA's memory-efficient backend", backend="EFFICIENT_ATTENTION", traffic="fused"),
 )  # fmt: skip
 
 _IMPLS: dict[str, Impl] = {}
@@ -125,12 +129,12 @@ def register(impl: Impl) -> Impl:
         problems.append(f"family {impl.family!r} (allowed: {', '.join(FAMILIES)})")
     if not impl.entry or set(impl.entry) - set(ACTIVATIONS):
         problems.append(f"entry activations {sorted(impl.entry)} (allowed: one or more of {', '.join(ACTIVATIONS)})")
-    if not impl.studies or set(impl.studies) - set(STUDIES):
-        problems.append(f"studies {list(impl.studies)} (allowed: one or more of {', '.join(STUDIES)})")
+    if not impl.kinds or set(impl.kinds) - set(KINDS):
+        problems.append(f"kinds {list(impl.kinds)} (allowed: one or more of {', '.join(KINDS)})")
     if impl.traffic and impl.traffic not in TRAFFIC:
         problems.append(f"traffic {impl.traffic!r} (allowed: {', '.join(TRAFFIC)}, or '' where its bytes are not counted)")
-    if "softmax" not in impl.entry and set(impl.studies) & {*LM_STUDIES, "flash"}:
-        problems.append(f"no softmax entry, but studies {list(impl.studies)} run softmax attention")
+    if "softmax" not in impl.entry and set(impl.kinds) & set(SOFTMAX_KINDS):
+        problems.append(f"no softmax entry, but kinds {list(impl.kinds)} run softmax attention")
     if problems:
         raise ValueError(f"attention implementation {impl.name!r}: invalid " + "; ".join(problems))
     _IMPLS[impl.name] = impl
@@ -148,18 +152,20 @@ def unregister(name: str) -> None:
     _IMPLS.pop(name, None)
 
 
-def impls(study: str | None = None) -> tuple[Impl, ...]:
-    """The implementations ``study`` offers (all of them without one), in declaration order."""
-    return tuple(i for i in _IMPLS.values() if study is None or study in i.studies)
+def impls(kind: str | None = None) -> tuple[Impl, ...]:
+    """The implementations a study of ``kind`` offers (all of them without one), in declaration order."""
+    if kind is not None and kind not in KINDS:  # a study's name where its kind belongs would offer nothing, unseen
+        raise ValueError(f"unknown kind of study {kind!r}; known: {', '.join(KINDS)}")
+    return tuple(i for i in _IMPLS.values() if kind is None or kind in i.kinds)
 
 
-def names(study: str | None = None) -> tuple[str, ...]:
-    return tuple(i.name for i in impls(study))
+def names(kind: str | None = None) -> tuple[str, ...]:
+    return tuple(i.name for i in impls(kind))
 
 
-def lookup(name: str, study: str | None = None) -> Impl:
-    """The implementation ``name`` (one ``study`` offers, if given); the error names the allowed ones."""
-    allowed = names(study)
+def lookup(name: str, kind: str | None = None) -> Impl:
+    """The implementation ``name`` (one a study of ``kind`` offers, if given); the error names the allowed ones."""
+    allowed = names(kind)
     if name not in allowed:
-        raise ValueError(f"unknown {study or 'attention'} implementation {name!r}; known: {', '.join(allowed)}")
+        raise ValueError(f"unknown {kind or 'attention'} implementation {name!r}; known: {', '.join(allowed)}")
     return _IMPLS[name]

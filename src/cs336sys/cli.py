@@ -293,8 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if axes is None:
         parser.error(f"{args.study}: these flags make no valid cell")
 
-    from cs336sys.analysis.metrics import add_derived
     from cs336sys.pipeline.cells import Cell, run_cell
+    from cs336sys.pipeline.merge import derive
     from cs336sys.rows import rows_to_frame, write_csv_atomic
 
     settings = S.cell_settings(args.study, axes, config, artifact_dir="cs336sys-artifacts")
@@ -309,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # fork (fast) only where this process is the command itself: a caller of main() (a test, a notebook)
     # may have run torch on the CPU already, and OpenMP's pool does not survive a fork (the child hangs)
     rows = run_cell(cell, start_method="fork" if argv is None else None, progress=progress)
-    frame = add_derived(rows_to_frame(rows, cell.axes), config["peak_tflops"], config["flags"], config["peak_gbps"])
+    frame = derive(rows_to_frame(rows, cell.axes), args.study, config["peak_tflops"], config["flags"], config["peak_gbps"])
     if args.device == "auto" and (frame.get("device") == "cpu").all():
         print("note: no CUDA device found; ran on CPU (memory columns stay empty)", file=sys.stderr)
     if args.csv:

@@ -6,9 +6,8 @@ measurement computes the pooled statistics declared here, and the merge
 column without one fails the merge loudly instead of keeping pass 0's value unseen.
 """
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 HEAD_COLUMNS = ["study", "cell_id", "status", "error"]
 # Where a cell job's wall time went (``time_job_s``), split into parts that add up to it: start-up
@@ -141,26 +140,3 @@ def stat_columns() -> list[str]:
 def sample_stats(samples_ms: Sequence[float]) -> dict[str, float]:
     """Every pooled statistic declared with a ``stat``, of these step times."""
     return {c.name: float(c.stat(samples_ms)) for c in COLUMNS.values() if c.stat and len(samples_ms)}
-
-
-# --- the attention core a row timed ----------------------------------------------------------
-# Studies `attention` and `flash` time one attention core per row; from its shape the merge recounts
-# the row's FLOPs (measure.flops.attention_row_flops) and bytes (measure.bytes_moved), so a change of
-# convention reaches old runs. Declared here, below the analysis that reads them, by study name.
-def _flash_shape(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    causal = row.get("causal")
-    if causal is None or causal != causal:  # absent or NaN: rows did not say before the FLOP convention changed,
-        causal = True  # and every flash run until then was causal (the section's default; their config.yaml)
-    return row.get("batch_size"), row.get("num_heads"), row.get("seq_len"), row.get("head_dim"), causal
-
-
-ATTENTION_SHAPES: dict[str, Callable[[Mapping[str, Any]], tuple[Any, ...]]] = {
-    "attention": lambda row: (row.get("batch_size"), 1, row.get("seq_len"), row.get("d_model"), row.get("causal")),
-    "flash": _flash_shape,
-}
-
-
-def attention_shape(row: Mapping[str, Any]) -> tuple[Any, ...] | None:
-    """(batch, heads, seq_len, head_dim, causal) of the attention core a row timed; None for a row of another study."""
-    shape = ATTENTION_SHAPES.get(str(row.get("study")))
-    return None if shape is None else shape(row)

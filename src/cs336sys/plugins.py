@@ -43,7 +43,9 @@ from cs336sys.plugin_imports import describe, file_label, guarded, loaded_since,
 from cs336sys.provenance import imported_names
 
 FORMS = ("adapter", "callable")  # adapter: a function returning an autograd.Function class (the course's tests/adapters.py)
-ATTENTION_STUDIES = ("attention", "flash")  # the studies that feed a core raw (batch, heads, L, d) tensors
+ATTENTION_KINDS = (catalog.CORE, catalog.FUSED)  # the kinds of study that feed a core raw (batch, heads, L, d) tensors
+# The course's BasicsTransformerLM constructor (cs336_basics/model.py), in its order
+MODEL_PARAMETERS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")
 ROPE_THETA = 10000.0  # the course's value, as our TransformerLM's default
 OURS = "cs336sys"  # the `model` column of rows measured on our TransformerLM
 
@@ -127,7 +129,7 @@ def activate(section: Any) -> dict[str, Any]:
             catalog.unregister(impl.name)
     for name, spec in (found.get("attention") or {}).items():
         catalog.register(
-            catalog.Impl(name, "user", __name__, {"softmax": "user_attention"}, ATTENTION_STUDIES, f"the user's {spec['function']}",
+            catalog.Impl(name, "user", __name__, {"softmax": "user_attention"}, ATTENTION_KINDS, f"the user's {spec['function']}",
                          options={"function": spec["function"], "form": spec["form"], "path": found["path"]})
         )  # fmt: skip
     _ACTIVE.clear()
@@ -138,16 +140,17 @@ def activate(section: Any) -> dict[str, Any]:
     return found
 
 
-def check_lm_studies(config: Mapping[str, Any]) -> None:
+def check_lm_studies(config: Mapping[str, Any], kinds: Mapping[str, str]) -> None:
     """With ``plugins.model``, an LM study's ``impl`` axis must be ``[eager]``: the user's model runs its own
-    attention, so another value would time the same model under a misleading name (rows say ``model``)."""
+    attention, so another value would time the same model under a misleading name (rows say ``model``).
+    ``kinds``: study → its kind (``Study.kind``)."""
     if not (config.get("plugins") or {}).get("model"):
         return
     problems = [
         _problem(f"{study}.grid.impl", f"{impls} with plugins.model: the user's model runs its own attention, which our "
                                        "impl axis does not reach; set it to [eager] (rows record model: the import path)")
         for study in config.get("studies") or []
-        if study in catalog.LM_STUDIES and (impls := ((config.get(study) or {}).get("grid") or {}).get("impl")) not in (None, ["eager"])
+        if kinds.get(study) == catalog.LM and (impls := ((config.get(study) or {}).get("grid") or {}).get("impl")) not in (None, ["eager"])
     ]  # fmt: skip
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
@@ -163,16 +166,16 @@ def model_name(section: Mapping[str, Any] | None) -> str:
     return (section or {}).get("model") or OURS
 
 
-def cell_plugins(study: str, axes: Mapping[str, Any], section: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The part of ``section`` that one cell runs: its selected user implementation, or the model for an LM cell.
+def cell_plugins(kind: str, axes: Mapping[str, Any], section: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The part of ``section`` that one cell (of a study of ``kind``) runs: its selected user implementation, or the model for an LM cell.
 
     A cell's params carry this alone, so adding a plug-in reruns only the cells that run it.
     """
     section = section or {}
-    if study in catalog.LM_STUDIES and section.get("model"):
+    if kind == catalog.LM and section.get("model"):
         return {"path": section["path"], "model": section["model"]}
     spec = (section.get("attention") or {}).get(axes.get("impl"))
-    if study in ATTENTION_STUDIES and spec is not None:
+    if kind in ATTENTION_KINDS and spec is not None:
         return {"path": section["path"], "attention": {axes["impl"]: dict(spec)}}
     return {}
 

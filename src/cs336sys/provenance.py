@@ -21,9 +21,8 @@ declare a ``stat``, which every timed row's measurement computes
 (``measure.timing`` → ``columns.sample_stats``: the child has every step time,
 a row keeps them only up to ``measure.timing.MAX_STORED_SAMPLES``, so the merge
 could not recompute them; a new statistic does rerun every cell, whose rows gain
-it). The other columns' lines say how the merge folds passes, and the
-``ATTENTION_SHAPES`` lines how it counts a row's FLOPs: no measuring process
-reads them. So a new catalog line, fold rule or shape reruns no cell, an edited
+it). The other columns' lines say how the merge folds passes: no measuring
+process reads them. So a new catalog line or fold rule reruns no cell, an edited
 line reruns the cells that read it, and an edit to the machinery (a function
 defined beside the table included) reruns every cell that imports the module.
 Jobs that read a whole table (the merge, the report) hash the file whole.
@@ -41,7 +40,7 @@ PACKAGE = "cs336sys"
 PACKAGE_DIR = Path(__file__).resolve().parent
 RUNNER = "cs336sys.pipeline.cells"  # the measuring process runs this for every cell
 # module → the names of its top-level assignments that hold its table of entries (module docstring)
-TABLES = {"cs336sys.catalog": ("_BUILT_IN",), "cs336sys.columns": ("_first", "COLUMNS", "ATTENTION_SHAPES")}
+TABLES = {"cs336sys.catalog": ("_BUILT_IN",), "cs336sys.columns": ("_first", "COLUMNS")}
 
 
 @functools.cache  # one parse of the workflow asks for the same few dozen files thousands of times
@@ -166,10 +165,9 @@ def split_table(source: str, tables: tuple[str, ...]) -> tuple[str, dict[str, tu
     each entry by name: (its whole lines, comments included; whether it declares a ``stat``).
 
     An entry is an element of the assigned tuple or list (of the list a dict comprehension iterates:
-    ``COLUMNS``), an item of a dict display (``ATTENTION_SHAPES``, named by its key), or the whole value
-    where it is none of these (``_first``, one list comprehension); it is named by its first argument
-    (``Impl("triton", …)``), by the names a generator makes it for (``*(Column(c, …) for c in ("a", "b"))``
-    → ``a,b``), or by the assignment."""
+    ``COLUMNS``), or the whole value where it is neither (``_first``, one list comprehension); it is named
+    by its first argument (``Impl("triton", …)``), by the names a generator makes it for
+    (``*(Column(c, …) for c in ("a", "b"))`` → ``a,b``), or by the assignment."""
     lines = source.splitlines(keepends=True)
     table: dict[str, tuple[str, bool]] = {}
     taken: set[int] = set()
@@ -191,8 +189,6 @@ def _entries(value: ast.expr) -> list[tuple[str, ast.expr, ast.expr]]:
     """(name, first node, last node) of each entry of a table's value; [] where it is not a display."""
     if isinstance(value, ast.DictComp) and isinstance(value.generators[0].iter, (ast.List, ast.Tuple)):
         value = value.generators[0].iter
-    if isinstance(value, ast.Dict):  # study → function (ATTENTION_SHAPES): named by the key
-        return [(str(k.value), k, v) for k, v in zip(value.keys, value.values) if isinstance(k, ast.Constant)]
     return [(_entry_name(e), e, e) for e in value.elts] if isinstance(value, (ast.List, ast.Tuple)) else []
 
 

@@ -240,7 +240,13 @@ def previous_cell_csv(study, cell, k):
 
 
 PRIORITIES = job_priorities(
-    expected_seconds(GRIDS, {s: passes(s) for s in STUDIES}, previous_cell_csv), MAX_PASSES
+    expected_seconds(
+        GRIDS,
+        {s: passes(s) for s in STUDIES},
+        previous_cell_csv,
+        {s: S.study(s).estimate_s for s in STUDIES},
+    ),
+    MAX_PASSES,
 )
 SNAPSHOT_PRIORITY = PRIORITIES.above_cells
 

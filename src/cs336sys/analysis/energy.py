@@ -1,10 +1,10 @@
 """Energy derived per row: tokens per joule for the language-model studies.
 
 Rows store the GPU's joules per step (``energy_j`` with its interval, measure.energy); a step of
-an LM study (``e2e``, ``warmup``, ``profile``, ``memory``) processes ``batch_size × context_length``
-tokens (the row's ``tokens`` where it has one), so ``tokens_per_j`` = tokens / ``energy_j``, and its
-interval the same tokens over the interval's high and low ends. Other studies, rows without
-energy and rows whose energy was not measured stay empty. No torch.
+a study of kind ``lm`` (TransformerLM steps: the merge says so, ``lm``) processes ``batch_size ×
+context_length`` tokens (the row's ``tokens`` where it has one), so ``tokens_per_j`` = tokens /
+``energy_j``, and its interval the same tokens over the interval's high and low ends. Other
+studies, rows without energy and rows whose energy was not measured stay empty. No torch.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ import pandas as pd
 
 from cs336sys.measure.stats import Interval, fmt_interval
 
-LM_STUDIES = ("e2e", "warmup", "profile", "memory")  # a step of these is batch × context tokens
-
 
 def tokens_per_step(df: pd.DataFrame) -> pd.Series:
     """Tokens one step processes: the row's ``tokens``, else ``batch_size × context_length`` (NaN where neither)."""
@@ -27,13 +25,13 @@ def tokens_per_step(df: pd.DataFrame) -> pd.Series:
     return pd.to_numeric(df.get("tokens", nan), errors="coerce").fillna(product)
 
 
-def add_energy(df: pd.DataFrame) -> pd.DataFrame:
-    """Add ``tokens_per_j`` with ``tokens_per_j_ci_low``/``_high`` to the LM studies' rows that carry ``energy_j``."""
+def add_energy(df: pd.DataFrame, lm: bool) -> pd.DataFrame:
+    """Add ``tokens_per_j`` with ``tokens_per_j_ci_low``/``_high`` to rows that carry ``energy_j``: empty unless
+    ``lm`` (the rows' study is of kind ``lm``: a step processes tokens)."""
     if df.empty or "energy_j" not in df:
         return df
     out = df.copy()
-    lm = out["study"].isin(LM_STUDIES) if "study" in out else pd.Series(True, index=out.index)
-    tokens = tokens_per_step(out).where(lm)
+    tokens = tokens_per_step(out) if lm else pd.Series(float("nan"), index=out.index)
     nan = pd.Series(float("nan"), index=out.index)
     energy, low, high = (pd.to_numeric(out.get(c, nan), errors="coerce") for c in ("energy_j", "energy_ci_low_j", "energy_ci_high_j"))
     out["tokens_per_j"] = tokens / energy.where(energy > 0)

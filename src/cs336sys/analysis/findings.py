@@ -5,10 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from cs336sys.analysis.metrics import FLAG_DEFAULTS
+from cs336sys.analysis.passes import drift_class
 from cs336sys.analysis.tables import OK, ok_rows
 from cs336sys.measure.stats import Interval, ratio_interval, significant
 
 MIB = 2**20
+# Where a comparison's ratio came from (its ``source``): interleaved blocks in one process, or two cells' intervals
+PAIRED, TWO_CELLS = "paired", "two cells"
+REPLAY, GRAPH_CELL = "replay", "graph cell"  # where a row's GPU time came from (``gpu_source``): its own replay, a graph cell
+# Whether the fastest of several is a finding (``separated``): only where the two 95% intervals do not overlap
+SEPARATED, NOT_SEPARATED, NO_INTERVAL = "yes", "no significant difference", "no interval recorded"
 
 
 def loglog_slope(x: pd.Series, y: pd.Series, last: int = 3) -> float:
@@ -48,6 +55,14 @@ def oom_frontier(df: pd.DataFrame, groups: list[str], x: str = "seq_len") -> pd.
         row["first_oom"] = min((v for v, s in cells.items() if "oom" in s), default=None)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def separation(winner: pd.Series, runner_up: pd.Series) -> str:
+    """The ``separated`` text: yes where the winner's 95% interval lies wholly below the runner-up's."""
+    a, b = intervals(pd.DataFrame([winner, runner_up]))
+    if not (a.bounded and b.bounded):
+        return NO_INTERVAL
+    return SEPARATED if significant(a, b) else NOT_SEPARATED
 
 
 def intervals(df: pd.DataFrame) -> list[Interval]:
@@ -111,6 +126,29 @@ def describe_ratio(ratio: Interval, *, faster: str = "", slower: str = "", budge
 def stopped_on_budget(stop_reason: object) -> bool:
     """True where sampling stopped because ``max_measure_s`` ran out (``stop_reason`` holds "budget"; passes join theirs with ";")."""
     return isinstance(stop_reason, str) and "budget" in stop_reason.split(";")
+
+
+def busy_words(busy: object, min_gpu_busy: float = FLAG_DEFAULTS["min_gpu_busy"]) -> str:
+    """Why a step's wall time moves with the host, in words: "launch-bound: the GPU was busy 26% of the step"."""
+    cls = drift_class(busy, min_gpu_busy)
+    if cls in ("unknown", "gpu-bound"):
+        return ""
+    return f"{cls}: the GPU was busy {100 * float(busy):.2g}% of the step"
+
+
+def why_wide(row: pd.Series | dict) -> str:
+    """What widened a timed row's interval, in words ("" where nothing recorded explains it).
+
+    The host (a launch-bound step moves with Python and the CPU), passes that disagree
+    (minutes apart, the host drifted), and a time budget that ran out before the target.
+    """
+    parts = [busy_words(row.get("gpu_busy_frac"))]
+    medians = [float(x) for x in str(row.get("pass_medians_ms") or "").split(";") if x.strip() and x != "nan"]
+    if len(medians) > 1 and min(medians) > 0:
+        parts.append(f"its {len(medians)} passes' medians differ by {100 * (max(medians) / min(medians) - 1):.3g}%")
+    if stopped_on_budget(row.get("stop_reason")):
+        parts.append("the time budget ran out before the interval met its target")
+    return "; ".join(p for p in parts if p)
 
 
 def paired_ratios(df: pd.DataFrame, index: list[str], column: str, top: str, bottom: str) -> pd.DataFrame:

@@ -2,95 +2,23 @@
 
 Rows store raw measurements (milliseconds, bytes, analytic FLOPs); this module
 turns them into TFLOP/s, MFU and tokens/s. TFLOP/s and tokens/s use the
-*median* time of a phase.
-
-Peak dense TFLOP/s per GPU and precision, from NVIDIA's datasheets (dense, i.e.
-without 2:4 sparsity): H100 SXM5 / H200 SXM: FP32 66.9, TF32 494.7, BF16 989.4;
-H100 PCIe: 51.2 / 378 / 756; H100 NVL: 60 / 417.5 / 835; A100: 19.5 / 156 / 312.
-``fp32`` means strict FP32 (TF32 off); ``tf32`` FP32 storage with TF32 matmuls.
-A device not in the table gets no MFU (empty, with the reason), never a guess.
-A config's ``peak_tflops`` mapping (device-name substring → precision → TFLOP/s)
-overrides or extends the table. Peak DRAM bandwidth (``PEAK_GBPS``) sits beside it, for
-the bytes-moved and roofline columns (:mod:`cs336sys.analysis.roofline`), and a config's
-``peak_gbps`` mapping (device-name substring → GB/s) overrides or extends that one.
-
-FLOPs are the one raw column that is counted again here: rows of an attention core
-(``columns.ATTENTION_SHAPES``: studies ``attention`` and ``flash``) get theirs from their
-shape by today's convention (:mod:`cs336sys.measure.flops`), so a run measured under
-an older one (backward 2× before the FlashAttention papers' 2.5×) reads right when it
-is merged again; its times do not change.
+*median* time of a phase; MFU divides by the GPU's peak (:mod:`cs336sys.analysis.peaks`).
+An attention core's FLOPs are counted again from its shape first
+(:func:`cs336sys.analysis.roofline.recount_flops`), and tokens per joule
+(:mod:`cs336sys.analysis.energy`) and the roofline columns follow.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
 from cs336sys.analysis.energy import add_energy
-from cs336sys.analysis.roofline import add_roofline
-from cs336sys.columns import ATTENTION_SHAPES
-from cs336sys.measure.flops import attention_row_flops
+from cs336sys.analysis.peaks import peak_tflops
+from cs336sys.analysis.roofline import CoreShape, add_roofline, recount_flops
 from cs336sys.measure.gpu_state import throttled  # NVML's reasons decoded once; torch-free
-
-# Matched as peak_gbps matches (whole words of torch.cuda.get_device_name(), longest key first).
-PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0},
-    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.0},
-    "H100": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4},
-    "H200": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4},
-    "A100": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0},
-}
-
-
-def peak_tflops(device_name: str, precision: str, overrides: Mapping[str, Mapping[str, float]] | None = None) -> float | None:
-    """Dense peak TFLOP/s for ``precision`` on ``device_name``, or ``None`` if unknown."""
-    for table in (overrides or {}, PEAK_TFLOPS):
-        if (key := _device_key(table, device_name)) is not None and precision in table[key]:
-            return float(table[key][precision])
-    return None
-
-
-def _device_key(table: Mapping[str, object], device_name: str) -> str | None:
-    """The longest key of ``table`` found as whole words in ``device_name`` ("GH200" is not "H200")."""
-    for pattern in sorted(table, key=len, reverse=True):
-        if re.search(rf"(?<![A-Za-z0-9]){re.escape(pattern)}(?![A-Za-z0-9])", str(device_name)):
-            return pattern
-    return None
-
-
-# Peak DRAM (HBM, GDDR) bandwidth in GB/s (10⁹ bytes/s), from NVIDIA's datasheets: H100 SXM5 3350,
-# H100 PCIe 2000, H100 NVL 3900 (H100 Tensor Core GPU datasheet); H200 SXM and NVL 4800 (H200
-# datasheet); A100 80GB SXM 2039, 80GB PCIe 1935, 40GB 1555 (A100 datasheet); A10G 600 (A10: 600);
-# L4 300; T4 320; V100 SXM2 and PCIe 900 (V100 datasheet); GeForce RTX 4090 1008 (its spec page).
-# Matched as whole words of torch.cuda.get_device_name(), longest key first: "NVIDIA H100 PCIe" is
-# the PCIe card, "NVIDIA H100 80GB HBM3" the SXM one, and "GH200" or "V100S" match nothing (not a guess).
-PEAK_GBPS: dict[str, float] = {
-    "H100 PCIe": 2000.0,
-    "H100 NVL": 3900.0,
-    "H100": 3350.0,
-    "H200": 4800.0,
-    "A100-SXM4-80GB": 2039.0,
-    "A100 80GB PCIe": 1935.0,
-    "A100-SXM4-40GB": 1555.0,
-    "A100-PCIE-40GB": 1555.0,
-    "A10G": 600.0,
-    "L4": 300.0,
-    "T4": 320.0,
-    "V100": 900.0,
-    "RTX 4090": 1008.0,
-}
-
-
-def peak_gbps(device_name: str, overrides: Mapping[str, float] | None = None) -> float | None:
-    """Peak DRAM bandwidth (GB/s) of ``device_name``, or ``None`` if unknown; ``overrides`` (name → GB/s) first."""
-    for table in (overrides or {}, PEAK_GBPS):
-        if (key := _device_key(table, device_name)) is not None:
-            return float(table[key])
-    return None
-
 
 FLAG_DEFAULTS = {"noisy_rel": 0.05, "min_gpu_busy": 0.9, "min_clock_frac": 0.9}
 
@@ -130,36 +58,26 @@ def add_flags(df: pd.DataFrame, flags: Mapping[str, float] | None = None) -> pd.
     return out
 
 
-def recount_flops(df: pd.DataFrame) -> pd.DataFrame:
-    """``flops`` of the attention cores' rows counted from their shape (module doc); a row that cannot say keeps its own."""
-    if not {"study", "phase", "flops"} <= set(df.columns):
-        return df
-    shapes = {name: ATTENTION_SHAPES[name] for name in df["study"].dropna().unique() if name in ATTENTION_SHAPES}
-    if not shapes:
-        return df
-    out = df.assign(flops=pd.to_numeric(df["flops"], errors="coerce"))
-    for name, shape in shapes.items():
-        rows = out.index[out["study"] == name]
-        counted = [attention_row_flops(row.get("phase"), shape(row)) for row in out.loc[rows].to_dict("records")]
-        out.loc[rows, "flops"] = pd.Series(counted, index=rows, dtype=float).fillna(out.loc[rows, "flops"])
-    return out
-
-
 def add_derived(
     df: pd.DataFrame,
     overrides: Mapping[str, Mapping[str, float]] | None = None,
     flags: Mapping[str, float] | None = None,
     gbps_overrides: Mapping[str, float] | None = None,
+    *,
+    shape: CoreShape | None = None,
+    lm: bool = False,
 ) -> pd.DataFrame:
     """Add ``tflops``, ``mfu_pct`` (+ ``mfu_note``), ``tokens_per_s``, the trust flags, energy and roofline columns where the inputs exist.
 
-    An attention core's ``flops`` are counted again first (:func:`recount_flops`). ``overrides`` and
-    ``gbps_overrides``: the config's ``peak_tflops`` and ``peak_gbps``, ahead of the built-in tables.
+    ``overrides`` and ``gbps_overrides``: the config's ``peak_tflops`` and ``peak_gbps``, ahead of the
+    built-in tables. What the rows' study says of them (the analysis knows no study): ``shape``, the
+    attention core a row timed (``Study.attention_shape``; its ``flops`` are counted again first,
+    :func:`recount_flops`); ``lm``, whether a step processes batch × context tokens (tokens per joule).
     """
     out = add_flags(df, flags)
     if out.empty:
         return out
-    out = recount_flops(out)
+    out = recount_flops(out, shape)
     median_s = pd.to_numeric(out.get("median_ms"), errors="coerce") / 1e3
     if "flops" in out:
         out["tflops"] = pd.to_numeric(out["flops"], errors="coerce") / median_s / 1e12
@@ -173,6 +91,6 @@ def add_derived(
             ]
     if "tokens" in out:
         out["tokens_per_s"] = pd.to_numeric(out["tokens"], errors="coerce") / median_s
-    out = add_energy(out)  # tokens per joule (analysis.energy)
-    out = add_roofline(out, overrides, gbps_overrides)  # bytes moved, bandwidth and the roofline (analysis.roofline)
+    out = add_energy(out, lm)  # tokens per joule (analysis.energy)
+    out = add_roofline(out, overrides, gbps_overrides, shape)  # bytes moved, bandwidth and the roofline (analysis.roofline)
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from cs336sys.columns import timed_kind
 from cs336sys.rows import Status
 
 OK = Status.OK.value
@@ -32,6 +33,16 @@ def ok_rows(df: pd.DataFrame, **where) -> pd.DataFrame:
             return df.iloc[0:0]
         mask &= df[col] == value
     return df[mask]
+
+
+def timed(df: pd.DataFrame, **where) -> pd.DataFrame:
+    """The ok timed rows (a median, not a pair row) matching column == value for each keyword."""
+    rows = ok_rows(df, **where)
+    if rows.empty or "median_ms" not in rows:
+        return rows.iloc[0:0]
+    if "kind" in rows:
+        rows = rows[timed_kind(rows["kind"])]
+    return rows[pd.to_numeric(rows["median_ms"], errors="coerce").notna()]
 
 
 def of_kind(df: pd.DataFrame, kind: str) -> pd.DataFrame:

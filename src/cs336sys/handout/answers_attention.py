@@ -8,29 +8,14 @@ import re
 
 import pandas as pd
 
-from cs336sys import catalog
-from cs336sys.analysis.findings import oom_frontier, paired_ratios, scaling_slopes
+from cs336sys.analysis.findings import PAIRED, paired_ratios
 from cs336sys.analysis.markdown import md_table
-from cs336sys.analysis.metrics import peak_tflops
-from cs336sys.analysis.roofline import with_roofline
+from cs336sys.analysis.peaks import peak_tflops
 from cs336sys.analysis.tables import ok_rows
 from cs336sys.handout.answers_common import Note, Run, cannot_measure, device, first, links, listing, mib, not_measured, num, section
-from cs336sys.studies import report_module
-
-# the studies' figures and findings, through the registry (never a study's module by path)
-ATTENTION, E2E, FLASH, MHA = (report_module(s) for s in ("attention", "e2e", "flash", "mha"))
-GROUPS, PANELS, memory_check = ATTENTION.GROUPS, ATTENTION.PANELS, ATTENTION.memory_check
-PAIRED, comparison, gpu_notes = E2E.PAIRED, E2E.comparison, E2E.gpu_notes
-FLASH_INDEX, MHA_GROUPS, METRICS = FLASH.INDEX, MHA.GROUPS, MHA.METRICS
 
 QA = list[tuple[str, str]]
 SHAPE = ["seq_len", "head_dim", "precision", "num_heads"]
-
-
-def _prefer(values, *wanted):
-    """The first of ``wanted`` among ``values``, else the first value."""
-    values = list(values)
-    return next((w for w in wanted if w in values), values[0])
 
 
 def _reference(df: pd.DataFrame) -> dict:
@@ -55,7 +40,7 @@ def _attention_qa(run: Run) -> list[str]:
     df = run.rows("attention")
     if df is None:
         return [run.absent("attention", "`attention.grid.seq_len`")] * 4
-    ref, dev, note = _reference(df), device(df), Note(df)
+    ref, dev, note, facts = _reference(df), device(df), Note(df), run.facts("attention")
     rows = ok_rows(df, **ref)
     fig = run.figure("attention", f"scaling_causal-{ref['causal']}_{ref['precision']}")
     per_d = []
@@ -67,9 +52,11 @@ def _attention_qa(run: Run) -> list[str]:
         per_d.append(f"d_model {d}: {', '.join(times)}")
     batch = rows["batch_size"].dropna() if "batch_size" in rows else pd.Series(dtype=float)
     batch = f", batch {int(batch.max())}" if len(batch) else ""
-    a = note.end(f"On {dev}, {_name(ref)}{batch} — {'; '.join(per_d)}.{_bandwidth(rows)}") + links(section("attention"), fig)
+    a = note.end(f"On {dev}, {_name(ref)}{batch} — {'; '.join(per_d)}.{_bandwidth(ok_rows(facts.roofline, **ref))}") + links(
+        section("attention"), fig
+    )
 
-    check = memory_check(df)
+    check = facts.memory
     mine = (
         check[(check["impl"] == ref["impl"]) & (check["activation"] == ref["activation"]) & (check["precision"] == ref["precision"])]
         if not check.empty
@@ -95,7 +82,7 @@ def _attention_qa(run: Run) -> list[str]:
              f"{hi['kept_in_LxL_matrices']:.3g} (batch, L, L) matrices of {num(hi['one_LxL_matrix_mib'])} MiB{grows}"
              + (f"; at {hi['seq_len']}, {listing(rest)}" if rest else "") + "." + links(section("attention")))  # fmt: skip
 
-    front = oom_frontier(df, GROUPS)
+    front = facts.frontier
     hit = front[front["first_oom"].notna()]
     if hit.empty:
         c = f"No configuration ran out of memory on {dev}, up to seq_len {df['seq_len'].max()}." + links(section("attention"))
@@ -108,7 +95,7 @@ def _attention_qa(run: Run) -> list[str]:
                          f"{_ran(r.largest_ok)}{f' ({asked.group(0)})' if asked else ''}")  # fmt: skip
         c = f"On {dev}, the first out-of-memory: {listing(fails)}; the other configurations ran every length." + links(section("attention"))
 
-    slopes = scaling_slopes(df, GROUPS, PANELS)
+    slopes = facts.slopes
     slopes = slopes[(slopes["precision"] == ref["precision"]) & (slopes["causal"] == ref["causal"])]
     mem = [f"{r.impl} {r.activation} {r.slope_step_mem:.3g}" for r in slopes.itertuples() if pd.notna(r.slope_step_mem)]
     tim = [f"{r.impl} {r.activation} {r.slope_forward_time:.3g}" for r in slopes.itertuples() if pd.notna(r.slope_forward_time)]
@@ -120,7 +107,6 @@ def _attention_qa(run: Run) -> list[str]:
 
 def _bandwidth(rows: pd.DataFrame) -> str:
     """How close the longest measured forward and backward run to the GPU's DRAM bandwidth ('' where not measured)."""
-    rows = with_roofline(rows)
     rows = rows[rows["phase"].isin(["forward", "backward"]) & pd.to_numeric(rows["bw_frac"], errors="coerce").notna()]
     if rows.empty:
         return ""
@@ -149,7 +135,7 @@ def answers_121(run: Run) -> QA:
 
 
 def _compile(run: Run) -> str:
-    parts, note, used = [], Note(*(run.rows(s) for s in ("attention", "e2e", "warmup"))), []
+    parts, note, used = [], Note(run.rows("attention"), run.rows("e2e"), run.rows("warmup")), []
     att = run.rows("attention")
     if att is not None and {"eager", "compiled"} <= set(ok_rows(att)["impl"]):
         r = paired_ratios(
@@ -166,7 +152,7 @@ def _compile(run: Run) -> str:
                 f"eager / compiled attention training step at seq_len {top['seq_len']} (d_model {top['d_model']}): {note.ratio(top)}"
             )
     e2e = run.rows("e2e")
-    r = comparison(e2e, "compile") if e2e is not None and "compile" in e2e else pd.DataFrame()
+    r = run.facts("e2e").compared["compile"] if e2e is not None and "compile" in e2e else pd.DataFrame()
     if not r.empty:
         # paired first, then pairs launched the same way (eager launches first; a CUDA-graph run may have only graphed pairs)
         r = r.assign(_paired=r["source"] != PAIRED).sort_values(["_paired", "cuda_graphs"], kind="stable")
@@ -188,9 +174,9 @@ def _compile(run: Run) -> str:
 
 def _graphs(run: Run) -> str:
     e2e = run.rows("e2e")
-    ratios = comparison(e2e, "cuda_graphs") if e2e is not None and "cuda_graphs" in e2e else pd.DataFrame()
+    ratios = run.facts("e2e").compared["cuda_graphs"] if e2e is not None and "cuda_graphs" in e2e else pd.DataFrame()
     if ratios.empty:
-        why = gpu_notes(e2e) if e2e is not None else []
+        why = run.facts("e2e").gpu_notes if e2e is not None else ()
         return cannot_measure(f"{why[0]}; this run: {device(e2e)}") if why else not_measured("`e2e.grid.cuda_graphs: [false, true]`")
     note = Note(e2e)
     parts = [
@@ -244,16 +230,15 @@ def _flash(run: Run) -> tuple[str, str]:
     if "triton" not in impls or len(impls) < 2:
         return not_measured("`flash.grid.impl` with `triton` and a PyTorch implementation"), not_measured("`flash.leaderboard`")
     note, table, wins = Note(ok), [], []
-    for key, part in ok.groupby(FLASH_INDEX):
-        row = dict(zip(FLASH_INDEX, key)) | {impl: note.ms(first(part, impl=impl)) for impl in impls if first(part, impl=impl) is not None}
-        # PyTorch's implementations only (the catalog's pytorch family): ours, the tutorial kernel and plug-ins are listed in the table
-        others = part[part["impl"].isin([i.name for i in catalog.impls("flash") if i.family == "pytorch"])]
-        if "triton" in set(part["impl"]) and not others.empty:
-            best = others.loc[others["median_ms"].idxmin(), "impl"]
-            r = paired_ratios(part, FLASH_INDEX, "impl", best, "triton")
-            row["fastest PyTorch / ours"] = f"{best}: {note.ratio(r.iloc[0])}" if not r.empty else "—"
+    for shape in run.facts("flash").shapes:
+        part = shape.rows
+        row = shape.key | {impl: note.ms(first(part, impl=impl)) for impl in impls if first(part, impl=impl) is not None}
+        # against PyTorch's implementations only: ours, the tutorial kernel and plug-ins are listed in the table
+        if shape.fastest_pytorch is not None:
+            r = shape.versus_ours
+            row["fastest PyTorch / ours"] = f"{shape.fastest_pytorch}: {note.ratio(r)}" if r is not None else "—"
             # a win: the ratio above 1 and its interval too (a run without intervals counts its ratio alone)
-            wins += [bool(r["ratio"].iloc[0] > 1 and not r["ratio_low"].iloc[0] <= 1)] if not r.empty else []
+            wins += [bool(r["ratio"] > 1 and not r["ratio_low"] <= 1)] if r is not None else []
         table.append(row)
     table = pd.DataFrame(table)
     a = note.end(f"On {device(ok)}, our Triton FlashAttention-2 kernel (`triton`) is faster than the fastest PyTorch implementation "
@@ -293,12 +278,12 @@ def answers_mha(run: Run) -> QA:
     df = run.rows("mha")
     if df is None:
         return [(q, run.absent("mha", "`mha.grid.seq_len`")) for q in _MHA_QUESTIONS]
-    ok, note = ok_rows(df), Note(df)
+    ok, note, facts = ok_rows(df), Note(df), run.facts("mha")
     dims = ok.groupby(["embed_dim", "num_heads"])["seq_len"].nunique().idxmax()
-    sel = df[(df["embed_dim"] == dims[0]) & (df["num_heads"] == dims[1])]
+    sel = _of_dims(df, dims)
     where = f"embed_dim {dims[0]}, {dims[1]} heads, {device(sel)}"
     label = lambda r: f"{r.variant} {r.kernel}" + (f" (m={r.num_features})" if r.variant == "performer" else "")
-    slopes = scaling_slopes(sel, MHA_GROUPS, list(METRICS.values()))
+    slopes = _of_dims(facts.slopes, dims)
     fwd = [f"{label(r)} {r.slope_forward_time:.3g}" for r in slopes.itertuples() if pd.notna(r.slope_forward_time)]
     mem = [f"{label(r)} {r.slope_step_mem:.3g}" for r in slopes.itertuples() if pd.notna(r.slope_step_mem)]
     peak = (
@@ -307,7 +292,7 @@ def answers_mha(run: Run) -> QA:
         else f"; peak memory not measured (memory statistics need a CUDA device; this run: {device(sel)})"
     )
     a = (f"Log–log slope in seq_len ({where}) of forward time: {', '.join(fwd)}{peak} (2 is quadratic, 1 linear)." + links(section("mha"), run.figure("mha", f"mha_embed-{dims[0]}"))) if fwd else not_measured("`mha.grid.seq_len` with two or more lengths")  # fmt: skip
-    front = oom_frontier(sel, MHA_GROUPS)
+    front = _of_dims(facts.frontier, dims)
     hit = [f"{label(r)} at seq_len {r.first_oom:.0f}{_ran(r.largest_ok)}" for r in front.itertuples() if pd.notna(r.first_oom)]
     b = (f"First out-of-memory ({where}): {listing(hit)}; every other variant ran up to seq_len {sel['seq_len'].max()}." if hit
          else f"No variant ran out of memory ({where}), up to seq_len {sel['seq_len'].max()}.") + links(section("mha"))  # fmt: skip
@@ -319,6 +304,11 @@ def answers_mha(run: Run) -> QA:
         f"{name} forward {note.ms(r._asdict())}" + (f", training-step peak {mib(pk[name])}" if name in pk else "") for name, r in fw.items()) + ".")  # fmt: skip
     c = (c + links(section("mha"))) if fw else not_measured("`mha.modes` with `inference`")
     return list(zip(_MHA_QUESTIONS, [a, b, c, _relu_vs_softmax(run, sel, note, where)]))
+
+
+def _of_dims(table: pd.DataFrame, dims: tuple) -> pd.DataFrame:
+    """The rows of ``table`` with (embed_dim, num_heads) ``dims``."""
+    return table[(table["embed_dim"] == dims[0]) & (table["num_heads"] == dims[1])]
 
 
 def _relu_vs_softmax(run: Run, sel: pd.DataFrame, note: Note, where: str) -> str:

@@ -38,6 +38,14 @@ class Run:
     name: str
     frames: Mapping[str, pd.DataFrame]
     config: Mapping[str, Any] = field(default_factory=dict)
+    _facts: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def facts(self, study: str) -> Any:
+        """What the answers quote of ``study`` (its report's typed ``facts``) if any cell ran, else None; computed once."""
+        if study not in self._facts:
+            df = self.rows(study)
+            self._facts[study] = report_module(study).facts(df) if df is not None else None
+        return self._facts[study]
 
     def rows(self, study: str) -> pd.DataFrame | None:
         """The study's rows if any cell ran (status ok), else None."""
@@ -155,7 +163,7 @@ class Note:
         return text
 
     def compared(self, row: Mapping | pd.Series, *, faster: str = "", slower: str = "", why: str = "") -> str:
-        """A row of ``studies.e2e.report.comparison``: the paired ratio, or the two cells' ratio and why they were not paired."""
+        """A row of an e2e comparison (its facts' ``compared``): the paired ratio, or the two cells' ratio and why they were not paired."""
         note = row.get("pair_note")
         note = "" if note is None or (isinstance(note, float) and math.isnan(note)) else str(note)
         if row.get("source") == "paired" and not math.isfinite(float(row.get("ratio", math.nan))):

@@ -3,34 +3,25 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pandas as pd
 
 from cs336sys.analysis.energy import power_capped
-from cs336sys.analysis.findings import stopped_on_budget
+from cs336sys.analysis.findings import GRAPH_CELL, NOT_SEPARATED, PAIRED, REPLAY, SEPARATED, busy_words, stopped_on_budget, why_wide
 from cs336sys.analysis.markdown import is_empty, md_table
-from cs336sys.analysis.tables import ok_rows
+from cs336sys.analysis.tables import ok_rows, timed
 from cs336sys.handout.answers_common import Note, Run, device, first, links, listing, not_measured, num, pct, section, size_order, times
-from cs336sys.studies import report_module
-
-# the studies' figures and findings, through the registry (never a study's module by path)
-E2E, WARMUP = report_module("e2e"), report_module("warmup")
-GRAPH_CELL, PAIRED, REPLAY, busy_words, comparison = E2E.GRAPH_CELL, E2E.PAIRED, E2E.REPLAY, E2E.busy_words, E2E.comparison
-gpu_frame, timed, why_wide = E2E.gpu_frame, E2E.timed, E2E.why_wide
-NOT_SEPARATED, SEPARATED, backward_forward_ratio = E2E.NOT_SEPARATED, E2E.SEPARATED, E2E.backward_forward_ratio
-describe_config, fastest_per_size, warmup_effect = E2E.describe_config, E2E.fastest_per_size, WARMUP.warmup_effect
 
 QA = list[tuple[str, str]]
 EAGER_LAUNCHES = {"compile": 0, "cuda_graphs": 0}  # the handout's plain PyTorch step
+# where the GPU times of a slice came from, where they all came from one place (the e2e facts' `gpu_source`)
+GPU_FROM = {frozenset({REPLAY}): " in the same process", frozenset({GRAPH_CELL}): ", from the CUDA-graph cell of the same configuration"}
 
 
 def eager_rows(df: pd.DataFrame, **where) -> pd.DataFrame:
     """Timed ok rows of plain eager steps (no torch.compile, no CUDA graph) matching ``where``."""
-    rows = timed(df, **where)
-    for col, value in EAGER_LAUNCHES.items():
-        if col in rows:
-            rows = rows[rows[col] == value]
-    return rows
+    return eager_launches(timed(df, **where))
 
 
 def eager_launches(df: pd.DataFrame) -> pd.DataFrame:
@@ -48,7 +39,17 @@ def lm_slice(rows: pd.DataFrame) -> tuple | None:
     return max(counts.index, key=lambda k: (counts[k], k[1] == "fp32", k[2] == "eager", k[0]))
 
 
-def _forward_backward(run: Run) -> tuple[str, str, pd.DataFrame, tuple] | None:
+@dataclass(frozen=True)
+class Slice:
+    """The rows of §1.1.3(a): the (context_length, precision, impl) measured for the most sizes, eager launches."""
+
+    key: tuple  # (context_length, precision, impl)
+    part: pd.DataFrame  # its training forward and backward rows
+    gpu: pd.DataFrame  # the GPU times of its training rows (the e2e facts' `gpu`)
+    where: str  # "fp32, eager attention, context 512, batch 4"
+
+
+def forward_backward(run: Run) -> Slice | None:
     e2e = run.rows("e2e")
     if e2e is None:
         return None
@@ -61,18 +62,14 @@ def _forward_backward(run: Run) -> tuple[str, str, pd.DataFrame, tuple] | None:
     part = train[(train["context_length"] == ctx) & (train["precision"] == precision) & (train["impl"] == impl)]
     batch = part["batch_size"].dropna() if "batch_size" in part else pd.Series(dtype=float)
     where = f"{precision}, {impl} attention, context {ctx}" + (f", batch {int(batch.iloc[0])}" if len(batch) else "")
-    return device(part), where, part, key
+    gpu = _same_slice(run.facts("e2e").gpu, key)
+    return Slice(key, part, gpu[gpu["mode"] == "train"] if not gpu.empty else gpu, where)
 
 
 def _same_slice(df: pd.DataFrame, key: tuple) -> pd.DataFrame:
     """Rows of one (context_length, precision, impl) slice launched eagerly (no compile, no CUDA graph)."""
     ctx, precision, impl = key
-    if df.empty:
-        return df
-    rows = df[(df["context_length"] == ctx) & (df["precision"] == precision) & (df["impl"] == impl)]
-    for col, value in EAGER_LAUNCHES.items():
-        rows = rows[rows[col] == value] if col in rows else rows
-    return rows
+    return df if df.empty else eager_launches(df[(df["context_length"] == ctx) & (df["precision"] == precision) & (df["impl"] == impl)])
 
 
 def is_wide(row: pd.Series) -> bool:
@@ -81,14 +78,10 @@ def is_wide(row: pd.Series) -> bool:
     return bool(flag) if not is_empty(flag) else False
 
 
-def timing_per_size(run: Run) -> str:
-    found = _forward_backward(run)
+def timing_per_size(run: Run, found: Slice | None) -> str:
     if found is None:
         return run.absent("e2e", "`e2e.grid.size`")
-    dev, where, part, key = found
-    e2e = run.rows("e2e")
-    gpu = _same_slice(gpu_frame(e2e), key)
-    gpu = gpu[gpu["mode"] == "train"] if not gpu.empty else gpu
+    part, gpu, key = found.part, found.gpu, found.key
     note = Note(part)
     per_size, overhead, wide, source = [], [], {}, set()
     for size in size_order(run, part["size"]):
@@ -107,36 +100,24 @@ def timing_per_size(run: Run) -> str:
         per_size.append(f"{size}: {', '.join(shown)}")
         if extra:
             overhead.append(f"{size} {listing(extra)}")
-    gpu_words = (
-        "; GPU: the same phase replayed as a CUDA graph"
-        + (
-            " in the same process"
-            if source == {REPLAY}
-            else ", from the CUDA-graph cell of the same configuration"
-            if source == {GRAPH_CELL}
-            else ""
-        )
-        if source
-        else ""
-    )
-    text = f"On {dev} ({where}), a training step's forward and backward take (eager wall time [95% interval]{gpu_words}) — {'; '.join(per_size)}."
+    gpu_words = f"; GPU: the same phase replayed as a CUDA graph{GPU_FROM.get(frozenset(source), '')}" if source else ""
+    text = f"On {device(part)} ({found.where}), a training step's forward and backward take (eager wall time [95% interval]{gpu_words}) — {'; '.join(per_size)}."
     if overhead:
         text += f" Host overhead (eager − GPU: Python, kernel launches and the gaps between them): {'; '.join(overhead)}."
     if wide:
         said = [f"{listing(rows)} ({why})" for why, rows in wide.items()]
         text += f" Wide eager intervals: {'; '.join(said)}" + (" — the GPU time is the same work without the host." if source else ".")
-    text += _backward_forward_ratios(run, key, note, gpu, part) + _power_capped(run)
-    ctx, precision, impl = key
-    return note.end(text) + links(section("e2e"), run.figure("e2e", f"times_impl-{impl}"))
+    text += _backward_forward_ratios(run, found, note) + _power_capped(run)
+    return note.end(text) + links(section("e2e"), run.figure("e2e", f"times_impl-{key[2]}"))
 
 
-def _backward_forward_ratios(run: Run, key: tuple, note: Note, gpu: pd.DataFrame, part: pd.DataFrame) -> str:
+def _backward_forward_ratios(run: Run, found: Slice, note: Note) -> str:
     """ " Backward / forward: GPU time …; eager wall time …" for the slice of §1.1.3(a)."""
-    text = ""
-    from_gpu = _same_slice(backward_forward_ratio(gpu), key) if not gpu.empty else pd.DataFrame()
+    text, facts, key, part = "", run.facts("e2e"), found.key, found.part
+    from_gpu = _same_slice(facts.backward_forward_gpu, key) if not found.gpu.empty else pd.DataFrame()
     if not from_gpu.empty:
         text += f" Backward / forward, GPU time: {listing([f'{s} {note.ratio(first(from_gpu, size=s))}' for s in size_order(run, from_gpu['size'])])}"
-    eager = _same_slice(backward_forward_ratio(run.rows("e2e")), key)
+    eager = _same_slice(facts.backward_forward, key)
     shown = []
     for size in size_order(run, eager["size"]) if not eager.empty else []:
         rows = part[part["size"] == size]
@@ -208,11 +189,10 @@ def _rel(rows: pd.DataFrame) -> pd.Series:
     return ((high - low) / 2 / med).dropna()
 
 
-def variability(run: Run) -> str:
-    found = _forward_backward(run)
+def variability(run: Run, found: Slice | None) -> str:
     if found is None:
         return run.absent("e2e", "`e2e.grid.size`")
-    dev, where, part, key = found
+    part, dev, where = found.part, device(found.part), found.where
     cv = (part["std_ms"] / part["mean_ms"]).dropna() if {"std_ms", "mean_ms"} <= set(part) else pd.Series(dtype=float)
     if cv.empty:
         return not_measured("`e2e`", "no step-time spread was recorded")
@@ -250,8 +230,7 @@ def variability(run: Run) -> str:
     if any(busy) and len(busy_share):
         text += (f" The eager steps are host-bound (the GPU was busy {pct(busy_share.min())}–{pct(busy_share.max())} of the step): "
                  "their time is Python's and the kernel launches' as much as the GPU's, and moves as the host drifts.")  # fmt: skip
-    gpu = _same_slice(gpu_frame(run.rows("e2e")), key)
-    gpu = gpu[(gpu["mode"] == "train") & gpu["phase"].isin(["forward", "backward"])] if not gpu.empty else gpu
+    gpu = found.gpu[found.gpu["phase"].isin(["forward", "backward"])] if not found.gpu.empty else found.gpu
     rel = _rel(gpu) if not gpu.empty else pd.Series(dtype=float)
     if len(rel):
         span = pct(rel.max()) if pct(rel.min()) == pct(rel.max()) else f"{pct(rel.min())}–{pct(rel.max())}"
@@ -269,7 +248,7 @@ def warmup_answer(run: Run) -> str:
     rows = ok_rows(df).dropna(subset=["median_ms"])
     if rows["warmup_steps"].nunique() < 2:
         return not_measured(f"two or more values of {setting}")
-    effect = warmup_effect(df)
+    effect = run.facts("warmup").effect
     few, many = rows["warmup_steps"].min(), rows["warmup_steps"].max()
     plain = rows[rows["compile"] == 0] if "compile" in rows and (rows["compile"] == 0).any() else rows
     step = plain[(plain["mode"] == "train") & (plain["phase"] == "step")]
@@ -338,7 +317,7 @@ def fastest_configuration(run: Run) -> str:
     setting = "two or more values of `e2e.grid.precision`, `e2e.grid.impl`, `e2e.grid.compile` or `e2e.grid.cuda_graphs`"
     if df is None:
         return run.absent("e2e", setting)
-    best = fastest_per_size(df)
+    best = run.facts("e2e").fastest
     if best.empty:
         return not_measured(setting, "each size and context ran in one configuration")
     note = Note(df)
@@ -350,10 +329,10 @@ def fastest_configuration(run: Run) -> str:
     optimizer = f", {top['optimizer']} AdamW" if top["mode"] == "train" and not is_empty(top.get("optimizer")) else ""
     text = (
         f"On {device(ok_rows(df, phase='step'))}, the fastest {MODE_WORDS.get(top['mode'], str(top['mode']) + ' step')} "
-        f"for the {size} model at context {top['context_length']}: {describe_config(top)}{optimizer}, {note.ms(top)}, "
+        f"for the {size} model at context {top['context_length']}: {top['config']}{optimizer}, {note.ms(top)}, "
         f"{_mfu(top)}; {_runner_up(top, note)}."
     )
-    answer = note.end(text + _sdpa_pairs(run, df, note)) + links(section("e2e"), run.figure("e2e", "mfu"))
+    answer = note.end(text + _sdpa_pairs(run, note)) + links(section("e2e"), run.figure("e2e", "mfu"))
     if len(best) > 1:  # every size, context and mode in which two or more configurations ran
         table = pd.DataFrame(
             {
@@ -361,7 +340,7 @@ def fastest_configuration(run: Run) -> str:
                 "context_length": best["context_length"],
                 "mode": best["mode"],
                 "compared": best["configs_compared"],
-                "fastest": [describe_config(r) for _, r in best.iterrows()],
+                "fastest": best["config"],
                 **({"optimizer": best["optimizer"]} if "optimizer" in best else {}),
                 "median [95% interval]": [note.ms(r) for _, r in best.iterrows()],
                 "mfu_pct": best["mfu_pct"] if "mfu_pct" in best else math.nan,
@@ -375,9 +354,9 @@ def fastest_configuration(run: Run) -> str:
     return answer
 
 
-def _sdpa_pairs(run: Run, df: pd.DataFrame, note: Note) -> str:
+def _sdpa_pairs(run: Run, note: Note) -> str:
     """ " Paired in one process, eager attention / SDPA training step: …" where the eager-attention cells timed SDPA beside them."""
-    comp = eager_launches(comparison(df, "impl"))
+    comp = eager_launches(run.facts("e2e").compared["impl"])
     comp = comp[(comp["source"] == PAIRED) & (comp["mode"] == "train")] if not comp.empty else comp
     if comp.empty:
         return ""
@@ -387,9 +366,10 @@ def _sdpa_pairs(run: Run, df: pd.DataFrame, note: Note) -> str:
 
 
 def answers_113(run: Run) -> QA:
+    found = forward_backward(run)
     return [
-        ("(a) How long do a forward and a backward pass take, per model size?", timing_per_size(run)),
-        ("(b) With warm-up, how variable are the timings?", variability(run)),
+        ("(a) How long do a forward and a backward pass take, per model size?", timing_per_size(run, found)),
+        ("(b) With warm-up, how variable are the timings?", variability(run, found)),
         ("(c) What changes without warm-up, or with only 1–2 warm-up steps?", warmup_answer(run)),
         ("(fastest configuration) Which configuration runs a step fastest, per size, and at what MFU?", fastest_configuration(run)),
     ]

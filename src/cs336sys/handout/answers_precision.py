@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import pandas as pd
 
-from cs336sys.analysis.tables import ok_rows
+from cs336sys.analysis.findings import GRAPH_CELL, PAIRED, busy_words, why_wide
+from cs336sys.analysis.tables import ok_rows, timed
 from cs336sys.handout.answers_common import Note, Run, device, links, not_measured, pct, section, size_order
 from cs336sys.handout.answers_lm import eager_launches, is_wide
-from cs336sys.studies import report_module
-
-# study e2e's findings, through the registry (never a study's module by path)
-E2E = report_module("e2e")
-GRAPH_CELL, PAIRED, busy_words, comparison = E2E.GRAPH_CELL, E2E.PAIRED, E2E.busy_words, E2E.comparison
-gpu_frame, timed, why_wide, bf16_speedup = E2E.gpu_frame, E2E.timed, E2E.why_wide, E2E.bf16_speedup
 
 QA = list[tuple[str, str]]
 
 
 def accumulation(run: Run) -> str:
     df = run.rows("precision")
-    rows = ok_rows(df, kind="accumulation") if df is not None else pd.DataFrame()
+    rows = run.facts("precision").parts["accumulation"] if df is not None else pd.DataFrame()
     if rows.empty:
         return (
             run.absent("precision", "`precision.grid.part: [accumulation]`")
@@ -36,14 +31,14 @@ def accumulation(run: Run) -> str:
 
 
 def autocast(run: Run) -> str:
-    df = run.rows("precision")
-    kinds = [k for k in ("autocast-bf16", "autocast-fp16") if df is not None and not ok_rows(df, kind=k).empty]
+    parts = run.facts("precision").parts if run.rows("precision") is not None else {}
+    kinds = [k for k in ("autocast-bf16", "autocast-fp16") if k in parts and not parts[k].empty]
     if not kinds:
         setting = "`precision.grid.part: [autocast-bf16, autocast-fp16]`"
-        return run.absent("precision", setting) if df is None else not_measured(setting)
+        return run.absent("precision", setting) if not parts else not_measured(setting)
     sentences = []
     for kind in kinds:
-        rows = ok_rows(df, kind=kind)
+        rows = parts[kind]
         dtypes = ", ".join(f"{r.quantity} {r.dtype}" for r in rows.itertuples())
         sentences.append(f"Under {rows['autocast_dtype'].iloc[0]} autocast on {device(rows)}: {dtypes}.")
     return " ".join(sentences) + links(section("precision"))
@@ -57,7 +52,7 @@ def bf16_timings(run: Run) -> str:
     setting = "`e2e.grid.precision: [fp32, bf16]`"
     if df is None:
         return run.absent("e2e", setting)
-    speed = eager_launches(comparison(df, "precision"))
+    speed = eager_launches(run.facts("e2e").compared["precision"])
     speed = speed[speed["mode"] == "train"] if not speed.empty else speed
     if speed.empty:
         return not_measured(setting, "no cell pair differing only in precision ran")
@@ -80,13 +75,14 @@ def bf16_timings(run: Run) -> str:
         f"On {device(ok_rows(df, precision='fp32'))}, fp32 training-step time / bf16-autocast training-step time "
         f"({impl} attention{how}): {'; '.join(per_size)}."
     )
-    text += _bf16_gpu_time(run, df, impl, note, steps)
+    text += _bf16_gpu_time(run, impl, note, steps)
     return note.end(text) + links(section("e2e"), run.figure("e2e", "bf16_speedup"))
 
 
-def _bf16_gpu_time(run: Run, df: pd.DataFrame, impl: str, note: Note, steps: pd.DataFrame) -> str:
+def _bf16_gpu_time(run: Run, impl: str, note: Note, steps: pd.DataFrame) -> str:
     """The GPU-time ratio (fp32 / bf16 of the steps replayed as CUDA graphs) and why it differs from the eager one."""
-    gpu = eager_launches(bf16_speedup(gpu_frame(df)))
+    facts = run.facts("e2e")
+    gpu = eager_launches(facts.bf16_gpu)
     gpu = gpu[(gpu["mode"] == "train") & (gpu["impl"] == impl)] if not gpu.empty else gpu
     if gpu.empty:
         return ""
@@ -94,7 +90,7 @@ def _bf16_gpu_time(run: Run, df: pd.DataFrame, impl: str, note: Note, steps: pd.
     for size in size_order(run, gpu["size"]):
         rows = gpu[gpu["size"] == size].sort_values("context_length")
         per_size += [f"{size} at context {r['context_length']}: {note.ratio(r, **BF16)}" for _, r in rows.iterrows()]
-    cells = ", from the CUDA-graph cells of the same configurations" if set(gpu_frame(df)["gpu_source"]) == {GRAPH_CELL} else ""
+    cells = ", from the CUDA-graph cells of the same configurations" if set(facts.gpu["gpu_source"]) == {GRAPH_CELL} else ""
     text = f" GPU time (the same steps replayed as CUDA graphs{cells}; the two cells' intervals): {'; '.join(per_size)}."
     busy = pd.to_numeric(steps.get("gpu_busy_frac", pd.Series(dtype=float)), errors="coerce").dropna()
     busy = busy[[bool(busy_words(b)) for b in busy]]  # the host-bound steps only

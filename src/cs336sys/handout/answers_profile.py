@@ -22,12 +22,6 @@ from cs336sys.handout.answers_common import (
 )
 from cs336sys.handout.answers_lm import eager_rows
 from cs336sys.measure.flops import attention_core_flops
-from cs336sys.studies import report_module
-
-# the studies' findings, through the registry (never a study's module by path)
-MEMORY, PROFILE = report_module("memory"), report_module("profile")
-largest_allocations, memory_summary = MEMORY.largest_allocations, MEMORY.memory_summary
-non_matmul_kernels, profile_answers = PROFILE.non_matmul_kernels, PROFILE.profile_answers
 
 QA = list[tuple[str, str]]
 # Softmax work per attention score: max, subtract, exp, sum, divide (the report's FLOP convention
@@ -40,7 +34,7 @@ def _cells(run: Run) -> tuple[pd.DataFrame, pd.DataFrame, list[pd.Series]] | Non
     prof = run.rows("profile")
     if prof is None:
         return None
-    answers = profile_answers(prof)
+    answers = run.facts("profile").answers
     if answers.empty:
         return None
     axes = prof.drop_duplicates("cell_id").set_index("cell_id")
@@ -96,7 +90,7 @@ def _profile_qa(run: Run) -> list[str]:
             f"{lead} (the same kernel leads both in {same} of the {len(compared)} profiled cells whose training step ran)."
         ) + links(section("profile"), run.figure("profile", f"kernels_{big['cell_id']}"))
 
-    nm = non_matmul_kernels(prof)
+    nm = run.facts("profile").non_matmul
     nm = nm[nm["cell_id"] == big["cell_id"]]
     tops = [f"{kernel_name(_full_name(prof, big['cell_id'], r['kernel'], (r['phase'],)))} ({pct(r['share_of_phase'])} of the {p.replace('_', ' ')})"
             for p in ("forward", "backward", "optimizer_step") for _, r in nm[nm["phase"] == p].head(1).iterrows()]  # fmt: skip
@@ -171,7 +165,7 @@ def _peak(part: pd.DataFrame, ctx, mode: str) -> str:
 
 def _memory_qa(run: Run) -> list[str]:
     mem = run.rows("memory")
-    summary = memory_summary(mem) if mem is not None else pd.DataFrame()
+    summary = run.facts("memory").summary if mem is not None else pd.DataFrame()
     if summary.empty:
         return [run.absent("memory", "`memory.grid.context_length`")] * 5
     size, precision, part = _memory_slice(summary, run)
@@ -201,11 +195,7 @@ def _memory_qa(run: Run) -> list[str]:
            for _, r in part.drop_duplicates("context_length").iterrows() if pd.notna(r["residual_activation_mib"])]  # fmt: skip
     d = (f"One residual-stream activation of {size} (batch × context × d_model, fp32) is {listing(res)}." + links(section("memory"))) if res else (
         not_measured("`memory`"))  # fmt: skip
-    big = (
-        largest_allocations(mem)
-        if {"rank", "size_mib", "frames"} <= set(mem)
-        else pd.DataFrame(columns=["cell_id", "rank", "size_mib", "frames"])
-    )
+    big = run.facts("memory").largest
     lines = []
     for mode, ids in cells.items():
         top = big[big["cell_id"].isin(ids)].sort_values("rank")

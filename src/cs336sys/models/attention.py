@@ -98,10 +98,10 @@ def _context(backend: str) -> ContextFactory:
     return lambda: sdpa_kernel(chosen)
 
 
-def resolve(impl: str, activation: str = "softmax", study: str | None = None) -> tuple[AttentionFn, ContextFactory] | None:
+def resolve(impl: str, activation: str = "softmax", kind: str | None = None) -> tuple[AttentionFn, ContextFactory] | None:
     """(attention callable, factory of the context to call it in) of catalog implementation ``impl``;
-    ``None`` where it has no ``activation``. ``study``: refuse names that study does not offer."""
-    line = catalog.lookup(impl, study)
+    ``None`` where it has no ``activation``. ``kind``: refuse names that a study of that kind does not offer."""
+    line = catalog.lookup(impl, kind)
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
     if activation not in line.activations:
@@ -111,5 +111,5 @@ def resolve(impl: str, activation: str = "softmax", study: str | None = None) ->
 
 def get_attention(impl: str, activation: str = "softmax") -> AttentionFn | None:
     """The attention core named ``impl`` for ``activation``; ``None`` if that pair does not exist."""
-    found = resolve(impl, activation, study="attention")  # the LM studies offer a subset of the attention study's
+    found = resolve(impl, activation, kind=catalog.CORE)  # the LM kind offers a subset of the attention cores
     return found[0] if found else None

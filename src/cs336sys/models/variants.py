@@ -19,10 +19,7 @@ from cs336sys.catalog import (  # noqa: F401  (re-exported: the tutorial kernel 
 )
 
 PRECISIONS = ("fp32", "tf32", "bf16")
-# The attention implementations each study offers, from the catalog (its one line per implementation)
-IMPLS = catalog.names("attention")  # attention cores (models.attention)
-LM_IMPLS = catalog.names("e2e")  # attention inside TransformerLM (the LM studies offer the same)
-FLASH_IMPLS = catalog.names("flash")
+IMPLS = catalog.names(catalog.CORE)  # the attention cores (models.attention), from the catalog
 MHA_VARIANTS = ("exact-eager", "exact-sdpa", "performer")
 MHA_CORES = {"exact-eager": "eager", "exact-sdpa": "sdpa"}  # the attention core (catalog line) an exact variant runs
 PERFORMER_KERNELS = ("relu", "softmax")
@@ -32,7 +29,7 @@ MODES = ("inference", "train")
 
 def is_valid(impl: str, activation: str) -> bool:
     """Whether the attention core (impl, activation) exists: SDPA has no ReLU."""
-    return impl in catalog.names("attention") and activation in catalog.lookup(impl).activations
+    return impl in catalog.names(catalog.CORE) and activation in catalog.lookup(impl).activations
 
 
 def needs_cuda(impl: str) -> bool:

@@ -43,7 +43,8 @@ from typing import Any
 
 import torch
 
-from cs336sys.catalog import LM_STUDIES
+from cs336sys import studies as S
+from cs336sys.catalog import LM
 from cs336sys.columns import TIME_PARTS
 from cs336sys.pipeline.faults import FAULT_ENV, inject_fault
 from cs336sys.rows import Skip, Wrong
@@ -380,7 +381,8 @@ def _finish(
         rows.append({**before_any_part, **where, "status": status, "error": error})
     env.update(lock, **_time_columns(clock), finished_at=_now())
     head = {"study": cell.study, "cell_id": cell.cell_id, **cell.axes}
-    if cell.study in LM_STUDIES:  # which LM ran: ours or the user's class (plugins.model)
+    spec = S.STUDIES.get(cell.study)  # None: a cell of no registered study (a test's)
+    if spec is not None and spec.kind == LM:  # which LM ran: ours or the user's class (plugins.model)
         head["model"] = (cell.plugins or {}).get("model") or "cs336sys"
     return [{**head, **row, "pass_index": cell.pass_index, **env} for row in rows]
 

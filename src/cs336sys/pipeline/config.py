@@ -298,6 +298,7 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA_PATH, check_i
     ``here`` also imports the user's code and checks it; "" does not.
     """
     from cs336sys import plugins
+    from cs336sys import studies as S
 
     check_size(config)
     config["plugins"] = plugins.activate(config.get("plugins"))  # with its defaults (form: adapter)
@@ -305,7 +306,7 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA_PATH, check_i
     validate_schema(config, schema_path)
     resolve_run_name(config)
     check_grid_size(config)
-    plugins.check_lm_studies(config)
+    plugins.check_lm_studies(config, {name: S.study(name).kind for name in config["studies"]})
     validate_semantics(config)
     if check_imports == "subprocess":
         plugins.check_imports_in_subprocess(config["plugins"])

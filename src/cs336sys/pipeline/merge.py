@@ -6,8 +6,9 @@ Cell CSVs are checked against the row contract as they are merged
 are read as text from cell and merged CSVs alike.
 
 Runs committed before the axes got one name each (``ctx``, ``attn``, ``seq``,
-…) still load: :data:`ALIASES` renames their columns and their cell ids are
-rebuilt from the axes, so old and new runs compare cell by cell.
+…) still load: each study's ``Study.renamed`` renames their columns, its
+``added_axes`` fills the axes they lacked, and their cell ids are rebuilt from
+the axes, so old and new runs compare cell by cell.
 """
 
 from __future__ import annotations
@@ -19,35 +20,22 @@ import pandas as pd
 
 from cs336sys.analysis.metrics import add_derived
 from cs336sys.analysis.passes import combine_passes
+from cs336sys.catalog import LM
 from cs336sys.pipeline.cellcheck import read_cells
 from cs336sys.rows import order_columns, read_rows
-from cs336sys.studies import cell_id
+from cs336sys.studies import STUDIES, cell_id
 from cs336sys.studies import study as get_study
-
-# study → old column → axis name (runs measured before commit "one home per study")
-_LM = {"ctx": "context_length", "attn": "impl"}
-ALIASES: dict[str, dict[str, str]] = {
-    "e2e": _LM,
-    "warmup": {**_LM, "warmup": "warmup_steps"},
-    "profile": _LM,
-    "memory": _LM,
-    "attention": {"d": "d_model", "seq": "seq_len", "act": "activation"},
-    "mha": {"embed": "embed_dim", "heads": "num_heads", "seq": "seq_len", "m": "num_features"},
-    "flash": {"seq": "seq_len", "d": "head_dim", "heads": "num_heads"},
-}
 
 
 def upgrade(df: pd.DataFrame, study: str) -> pd.DataFrame:
-    """Rename an old run's axis columns and rebuild its cell ids; a no-op on current runs."""
-    renames = {old: new for old, new in ALIASES.get(study, {}).items() if old in df}
+    """Rename an old run's axis columns, fill the axes it lacked and rebuild its cell ids; a no-op on current runs."""
+    spec = get_study(study) if study in STUDIES else None
+    renames = {old: new for old, new in spec.renamed.items() if old in df} if spec else {}
     if not renames:
         return df
     df = df.drop(columns=[new for new in renames.values() if new in df]).rename(columns=renames)
-    axes = get_study(study).axes
-    if study == "memory" and "impl" not in df:
-        df["impl"] = "eager"  # a section-level setting then, eager in every committed run
-    if study == "e2e" and "cuda_graphs" not in df:
-        df["cuda_graphs"] = 0  # the axis did not exist yet
+    df = df.assign(**{axis: value for axis, value in spec.added_axes.items() if axis not in df})
+    axes = spec.axes
     if set(axes) <= set(df.columns) and "cell_id" in df:
         df["cell_id"] = [cell_id(study, dict(zip(axes, values))) for values in df[list(axes)].itertuples(index=False)]
     return df[order_columns(df.columns, axes)]
@@ -72,9 +60,18 @@ def merge_cells(
     if not frames:
         return pd.DataFrame(columns=["study", "cell_id", "status", "error"])
     merged = pd.concat(frames, ignore_index=True, sort=False)
-    merged = combine_passes(merged, floor_rel, (flags or {}).get("min_gpu_busy", 0.9), get_study(study).axes)
-    merged = merged[order_columns(merged.columns, get_study(study).axes)]
-    return add_derived(merged, peak_overrides, flags, peak_gbps)
+    axes = get_study(study).axes
+    merged = combine_passes(merged, floor_rel, (flags or {}).get("min_gpu_busy", 0.9), axes)
+    merged = merged[order_columns(merged.columns, axes)]
+    return derive(merged, study, peak_overrides, flags, peak_gbps)
+
+
+def derive(
+    df: pd.DataFrame, study: str, peak_overrides: Mapping | None = None, flags: Mapping | None = None, peak_gbps: Mapping | None = None
+) -> pd.DataFrame:
+    """:func:`cs336sys.analysis.metrics.add_derived` with what ``study`` says of its rows: its attention core, its kind."""
+    spec = get_study(study)
+    return add_derived(df, peak_overrides, flags, peak_gbps, shape=spec.attention_shape, lm=spec.kind == LM)
 
 
 def load_study(path: str | Path, study: str | None = None) -> pd.DataFrame:

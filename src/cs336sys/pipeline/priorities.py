@@ -5,7 +5,7 @@ last leaves the other GPUs idle until it finishes. Starting the longest cells fi
 rule of scheduling) leaves the short ones to fill the end. A cell's expected duration is its
 measuring process's time in the run's previous results (its per-cell CSVs: first row start
 to last row end, the mean over the passes found), else its study's estimate
-(:data:`STUDY_ESTIMATE_S`).
+(``Study.estimate_s``, which the workflow passes in).
 
 The ordering is Snakemake's ``priority`` (higher starts first), in bands: pass k of every
 cell outranks pass k+1 of any (so one cell's passes lie minutes apart: analysis.passes),
@@ -27,11 +27,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-# Seconds of one cell job's measuring process where the run has no previous result: each
-# study's median on the H100 default sweep (results/h100), rounded: rough, they only place a cell
-# never measured among the others.
-STUDY_ESTIMATE_S = {"profile": 11.0, "e2e": 5.0, "mha": 5.0, "attention": 4.0, "memory": 4.0, "warmup": 3.0, "flash": 2.0, "precision": 0.5}
-DEFAULT_ESTIMATE_S = 5.0  # a study not in the table
 CALLABLE_SINCE = (9, 17)  # the first Snakemake whose `priority:` may be a function
 
 CellFile = Callable[[str, str, int], Path]  # (study, cell id, pass) → that pass's cell CSV
@@ -56,14 +51,15 @@ def expected_seconds(
     grids: Mapping[str, Iterable[str]],
     passes: Mapping[str, int],
     cell_file: CellFile,
-    estimates: Mapping[str, float] = STUDY_ESTIMATE_S,
+    estimates: Mapping[str, float],
 ) -> dict[tuple[str, str], float]:
-    """(study, cell id) → the seconds its job is expected to take: its previous passes' mean, else its study's estimate."""
+    """(study, cell id) → the seconds its job is expected to take: its previous passes' mean, else its study's
+    estimate (``estimates``: study → seconds, rough: they only place a cell never measured among the others)."""
     expected = {}
     for study, cells in grids.items():
         for cell in cells:
             found = [s for k in range(passes.get(study, 1)) if (s := measured_s(cell_file(study, cell, k))) is not None]
-            expected[(study, cell)] = sum(found) / len(found) if found else estimates.get(study, DEFAULT_ESTIMATE_S)
+            expected[(study, cell)] = sum(found) / len(found) if found else estimates[study]
     return expected
 
 

@@ -85,8 +85,8 @@ def load_schema(schema_path: str | Path = SCHEMA_PATH) -> dict:
         props["studies"]["items"] = {"enum": list(S.STUDIES)}
     for name, spec in S.STUDIES.items():
         props[name] = study_section(name, spec.axes)
-    for study in catalog.STUDIES:
-        impl = props.get(study, {}).get("properties", {}).get("grid", {}).get("properties", {}).get("impl")
-        if impl is not None:
-            impl["items"] = {"enum": list(catalog.names(study))}
+    for name, spec in S.STUDIES.items():
+        impl = props[name]["properties"]["grid"]["properties"].get("impl")
+        if impl is not None:  # the implementations of the study's kind (a study with an impl axis has one: S.check_axes)
+            impl["items"] = {"enum": list(catalog.names(spec.kind))}
     return schema

@@ -47,7 +47,7 @@ recomputation credited); an attention core's (`attention`, `flash`) is {ATTENTIO
 forward+backward {1 + ATTENTION_BACKWARD_FACTOR:g}×, for every implementation, as the FlashAttention-2 paper and Triton's
 fused-attention tutorial count (2× for dQ, dK, dV plus 0.5× for the recomputed QKᵀ), so these
 TFLOP/s compare with published figures. TFLOP/s uses the median time; MFU
-divides by the dense peak of the GPU at that precision (`cs336sys.analysis.metrics.PEAK_TFLOPS`, overridable
+divides by the dense peak of the GPU at that precision (`cs336sys.analysis.peaks.PEAK_TFLOPS`, overridable
 by the config's `peak_tflops`), and is empty when the device is not in the table.
 Bytes moved (`bytes_moved`, `cs336sys.measure.bytes_moved`) are analytic too, for the rows whose
 traffic can be counted: an attention core's phases (eager: every op reads its inputs and writes its
@@ -55,7 +55,7 @@ output once, the L×L scores and probabilities included, within 7% of Nsight Com
 compiled: S and P written and read once; fused kernels: Q, K, V, O and the log-sum-exp once, a lower
 bound) and the AdamW step (80 bytes a parameter for the course's, 28 for PyTorch's fused one);
 `bytes_note` says why a row has none. `achieved_gbps` = bytes / median time; `bw_frac` = achieved
-/ the GPU's peak DRAM bandwidth (`peak_gbps`, from `cs336sys.analysis.metrics.PEAK_GBPS`, overridable by the config's `peak_gbps`);
+/ the GPU's peak DRAM bandwidth (`peak_gbps`, from `cs336sys.analysis.peaks.PEAK_GBPS`, overridable by the config's `peak_gbps`);
 `arith_intensity` = FLOPs / bytes; `roof_tflops` = min(peak TFLOP/s, intensity × peak bandwidth),
 the roofline's ceiling at that intensity, and `bound` says which roof is the lower one (`memory` or
 `compute`); `roofline_note` says why a value is empty.

@@ -2,10 +2,13 @@
 
 A study package holds everything that makes the study: its spec in
 ``__init__.py`` (a :class:`Study`: axes, valid combinations, which settings
-reach the measurement), its config section with every default in
+reach the measurement, its kind, its cost estimate, the attention core a row
+timed, how its older runs named their columns), its config section with every default in
 ``schema.yaml`` (``pipeline.schema`` assembles the workflow's schema from them),
 its measurement in ``measure.py`` (torch, run in the measuring child) and its
-figures and findings in ``report.py`` (pandas and matplotlib, never torch).
+figures, findings and facts (what the handout's answers quote) in ``report.py``
+(pandas and matplotlib, never torch). Code outside the folder asks the spec,
+never a list of study names.
 This module finds the packages, so adding a study is its package
 (docs/adding-a-study.md); the workflow's rule loop, the config schema, the CLI,
 the cell ids, the rerun hashes, the merge and the report all come from the
@@ -69,6 +72,9 @@ class Study:
     name: str
     question: str  # what it answers, with the handout's section
     axes: tuple[str, ...]  # cell-id order; also CSV columns, config grid keys and CLI flags
+    # what its cells run: a catalog kind (catalog.KINDS: its `impl` axis offers every implementation of that
+    # kind; catalog.LM: TransformerLM steps, so rows get tokens per joule and plugins.model), else free words
+    kind: str
     valid: Callable[[Axes], bool] | None = None  # False: the combination is not a cell
     why_invalid: str = ""  # what makes a combination invalid, for error messages
     canonical: Callable[[Axes], Axes] | None = None  # settle axes that do not apply (mha: m=0 for exact)
@@ -84,6 +90,12 @@ class Study:
     # the catalog implementations a cell runs without an `impl` axis naming them (mha's exact variants run
     # the eager or SDPA core): their catalog lines are hashed into the cell (cell_entries)
     runs_impls: Callable[[Axes], Iterable[str]] | None = None
+    estimate_s: float = 5.0  # seconds of one cell's measuring process, to order jobs before a run has its own (pipeline.priorities)
+    # (batch, heads, seq_len, head_dim, causal) of the attention core a row timed, from its columns: the merge counts
+    # the row's FLOPs and bytes from it (analysis.roofline)
+    attention_shape: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None = None
+    renamed: Mapping[str, str] = field(default_factory=dict)  # column in older runs → axis (pipeline.merge.upgrade)
+    added_axes: Mapping[str, Any] = field(default_factory=dict)  # axis → its value in older runs, which lack it
 
     @property
     def measure(self) -> str:
@@ -95,10 +107,14 @@ class Study:
 
 
 def check_axes(spec: Study) -> Study:
-    """Refuse an axis named like a column every row carries (``n``, ``median_ms``…): the measurement would overwrite it."""
+    """Refuse an axis named like a column every row carries (``n``, ``median_ms``…): the measurement would overwrite
+    it; and an ``impl`` axis without a catalog kind, or a catalog kind without one (its values are the kind's)."""
     clash = sorted(set(spec.axes) & RESERVED_COLUMNS)
     if clash:
         raise RuntimeError(f"study {spec.name!r}: axis names {clash} are row columns already; rename them")
+    if ("impl" in spec.axes) != (spec.kind in catalog.KINDS):
+        kinds = ", ".join(catalog.KINDS)
+        raise RuntimeError(f"study {spec.name!r}: an `impl` axis goes with a kind of the catalog's ({kinds}), and such a kind with one")
     return spec
 
 
@@ -219,7 +235,7 @@ def cell_settings(name: str, axes: Axes, config: Mapping[str, Any], artifact_dir
     if s.artifacts:
         kwargs.update(artifact_dir=artifact_dir, cell_id=cell_id(name, axes))
     # the user's code this cell runs, only where it runs some: other cells' params (and so their reruns) stay as they were
-    user = cell_plugins(name, axes, config.get("plugins"))
+    user = cell_plugins(s.kind, axes, config.get("plugins"))
     return {
         **({"plugins": user} if user else {}),
         "study": name,
@@ -268,7 +284,7 @@ def user_files(name: str, axes: Axes, plugins: Mapping[str, Any] | None) -> list
     """The user's source files (``pathlib.Path``) that the cell imports: its plug-in's module and what that imports from ``plugins.path``."""
     from cs336sys.plugins import cell_files, cell_plugins
 
-    return cell_files(cell_plugins(name, axes, plugins))
+    return cell_files(cell_plugins(study(name).kind, axes, plugins))
 
 
 def _unused(name: str, axes: Axes) -> tuple[str, ...]:

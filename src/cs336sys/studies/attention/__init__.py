@@ -8,7 +8,7 @@ from cs336sys.studies import Study
 def _offered() -> str:
     """'eager, compiled, triton × softmax, relu; sdpa × softmax': the implementations grouped by their activations."""
     groups: dict[tuple[str, ...], list[str]] = {}
-    for impl in catalog.impls("attention"):
+    for impl in catalog.impls(catalog.CORE):
         groups.setdefault(impl.activations, []).append(impl.name)
     return "; ".join(f"{', '.join(names)} × {', '.join(acts)}" for acts, names in groups.items())
 
@@ -17,6 +17,10 @@ STUDY = Study(
     name="attention",
     question="How do eager softmax and ReLU attention (and our fused kernels) scale in time and memory with sequence length? (§1.2.1)",
     axes=("d_model", "seq_len", "activation", "impl", "causal", "precision"),
+    kind=catalog.CORE,
     valid=lambda axes: is_valid(axes["impl"], axes["activation"]),  # SDPA has no ReLU: not a cell
     why_invalid=f"that impl × activation is not offered (valid: {_offered()})",
+    estimate_s=4.0,  # the median cell of the H100 default sweep (results/h100), rounded
+    attention_shape=lambda row: (row.get("batch_size"), 1, row.get("seq_len"), row.get("d_model"), row.get("causal")),
+    renamed={"d": "d_model", "seq": "seq_len", "act": "activation"},  # runs before the axes got one name each
 )

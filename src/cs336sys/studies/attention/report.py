@@ -1,14 +1,17 @@
-"""Figures and findings of study ``attention``: log–log scaling, OOM frontier, memory kept for backward."""
+"""Figures, findings and facts of study ``attention``: log–log scaling, OOM frontier, memory kept for backward."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pandas as pd
 
 from cs336sys.analysis.findings import MIB, oom_frontier, scaling_slopes
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.plots import plot_scaling
-from cs336sys.analysis.roofline import has_points, roofline_plot, roofline_summary
+from cs336sys.analysis.roofline import has_points, roofline_plot, roofline_summary, with_roofline
 from cs336sys.analysis.tables import ok_rows
+from cs336sys.studies.attention import STUDY
 
 PANELS = [("train", "forward", "median_ms"), ("train", "backward", "median_ms"), ("train", "step", "peak_mem_bytes")]
 GROUPS = ["impl", "activation", "d_model", "causal", "precision"]
@@ -40,8 +43,8 @@ def figures(df: pd.DataFrame, run: str) -> list:
             part = df[(df["causal"] == causal) & (df["precision"] == prec)]
             jobs.append((f"scaling_causal-{causal}_{prec}", lambda p, part=part, c=causal, pr=prec: plot_scaling(
                 part, p, run, ["d_model", "impl", "activation"], PANELS, f"attention scaling, causal={c}, {pr}")))  # fmt: skip
-    if has_points(df):
-        jobs.append(("roofline", lambda p: roofline_plot(df, p, run, "attention cores")))
+    if has_points(df, STUDY.attention_shape):
+        jobs.append(("roofline", lambda p: roofline_plot(df, p, run, "attention cores", STUDY.attention_shape)))
     return jobs
 
 
@@ -58,5 +61,21 @@ def findings(df: pd.DataFrame) -> str:
         parts += ["**Memory kept for backward vs one (batch, L, L) matrix** — eager softmax keeps P = softmax(scores), "
                   "eager ReLU keeps relu(scores) (the 1/L factor is folded into the scale), each one L×L matrix per batch "
                   "element in the compute dtype; SDPA and fused kernels keep only O(L) statistics:", md_table(check, ".3g")]  # fmt: skip
-    parts += [p for p in [roofline_summary(df)] if p]
+    parts += [p for p in [roofline_summary(df, STUDY.attention_shape)] if p]
     return "\n\n".join(parts)
+
+
+@dataclass(frozen=True)
+class AttentionFacts:
+    """What the handout's answers quote of an attention run."""
+
+    slopes: pd.DataFrame  # log–log slope in seq_len per configuration (GROUPS) of the forward, backward and peak memory
+    frontier: pd.DataFrame  # per configuration: the largest seq_len that ran and the first that ran out of memory
+    memory: pd.DataFrame  # :func:`memory_check`: memory kept for the backward against one (batch, L, L) matrix
+    roofline: pd.DataFrame  # the rows with their bytes moved, bandwidth and roofline columns (analysis.roofline)
+
+
+def facts(df: pd.DataFrame) -> AttentionFacts:
+    return AttentionFacts(
+        scaling_slopes(df, GROUPS, PANELS), oom_frontier(df, GROUPS), memory_check(df), with_roofline(df, STUDY.attention_shape)
+    )

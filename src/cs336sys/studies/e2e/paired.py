@@ -15,32 +15,17 @@ import math
 import numpy as np
 import pandas as pd
 
-from cs336sys.analysis.findings import describe_ratio, paired_ratios, stopped_on_budget
+from cs336sys.analysis.findings import GRAPH_CELL, PAIRED, REPLAY, TWO_CELLS, describe_ratio, paired_ratios, stopped_on_budget
 from cs336sys.analysis.markdown import is_empty, size_key, value_key
-from cs336sys.analysis.metrics import FLAG_DEFAULTS
-from cs336sys.analysis.passes import drift_class
-from cs336sys.analysis.tables import ok_rows
-from cs336sys.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND, timed_kind
+from cs336sys.analysis.tables import ok_rows, timed
+from cs336sys.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND
 from cs336sys.measure.stats import Interval
 from cs336sys.studies import Pair, format_value, study
 
 LM_KEYS = ["size", "context_length", "precision", "impl", "compile", "cuda_graphs"]
 PAIR = PAIR_KIND
-# the replay's columns under the names of a timed row's (passes.py folds them the same way)
 # the replay's columns under a timed row's names (samples in step order: the phases of one step pair up)
 GPU_COLUMNS = {GPU_TIME_PREFIX + stat: stat for stat in GPU_TIME_STATS}
-REPLAY, GRAPH_CELL = "replay", "graph cell"  # where a row's GPU time came from (``gpu_source``)
-PAIRED, TWO_CELLS = "paired", "two cells"  # where a comparison's ratio came from (``source``)
-
-
-def timed(df: pd.DataFrame, **where) -> pd.DataFrame:
-    """The ok timed rows (a median, not a pair row) matching column == value for each keyword."""
-    rows = ok_rows(df, **where)
-    if rows.empty or "median_ms" not in rows:
-        return rows.iloc[0:0]
-    if "kind" in rows:
-        rows = rows[timed_kind(rows["kind"])]
-    return rows[pd.to_numeric(rows["median_ms"], errors="coerce").notna()]
 
 
 def pair_spec(axis: str) -> Pair | None:
@@ -87,29 +72,6 @@ def gpu_frame(df: pd.DataFrame) -> pd.DataFrame:
         return rows.iloc[0:0]
     out = pd.concat(parts, ignore_index=True, sort=False)
     return out.drop_duplicates(keys, keep="first")  # the replay first: same process, same optimizer
-
-
-def busy_words(busy: object, min_gpu_busy: float = FLAG_DEFAULTS["min_gpu_busy"]) -> str:
-    """Why a step's wall time moves with the host, in words: "launch-bound: the GPU was busy 26% of the step"."""
-    cls = drift_class(busy, min_gpu_busy)
-    if cls in ("unknown", "gpu-bound"):
-        return ""
-    return f"{cls}: the GPU was busy {100 * float(busy):.2g}% of the step"
-
-
-def why_wide(row: pd.Series | dict) -> str:
-    """What widened a timed row's interval, in words ("" where nothing recorded explains it).
-
-    The host (a launch-bound step moves with Python and the CPU), passes that disagree
-    (minutes apart, the host drifted), and a time budget that ran out before the target.
-    """
-    parts = [busy_words(row.get("gpu_busy_frac"))]
-    medians = [float(x) for x in str(row.get("pass_medians_ms") or "").split(";") if x.strip() and x != "nan"]
-    if len(medians) > 1 and min(medians) > 0:
-        parts.append(f"its {len(medians)} passes' medians differ by {100 * (max(medians) / min(medians) - 1):.3g}%")
-    if stopped_on_budget(row.get("stop_reason")):
-        parts.append("the time budget ran out before the interval met its target")
-    return "; ".join(p for p in parts if p)
 
 
 def comparison(df: pd.DataFrame, axis: str, phases: tuple[str, ...] = ("step",)) -> pd.DataFrame:

@@ -1,15 +1,17 @@
-"""Figures and findings of study ``e2e``: times per size and context, bf16 speedup, MFU, backward/forward,
+"""Figures, findings and facts of study ``e2e``: times per size and context, bf16 speedup, MFU, backward/forward,
 the GPU time of each phase beside its eager time, the paired comparisons (``paired.py``), and the fastest
 configuration per size."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from cs336sys.analysis.energy import energy_interval, tokens_interval
-from cs336sys.analysis.findings import TIGHT_REL, describe_ratio, intervals, paired_ratios
+from cs336sys.analysis.findings import TIGHT_REL, describe_ratio, paired_ratios, separation
 from cs336sys.analysis.markdown import is_empty, md_table, size_key, value_key
 from cs336sys.analysis.plots import (
     CI_ERR,
@@ -24,30 +26,14 @@ from cs336sys.analysis.plots import (
     title,
     with_ci,
 )
-from cs336sys.measure.stats import fmt_interval, paired_ratio, significant
-
-# the names not used here are the paired comparisons offered beside the figures to the handout's answers,
-# which reach a study only through the registry (studies.report_module)
-from cs336sys.studies.e2e.paired import (  # noqa: F401
-    GRAPH_CELL,
-    LM_KEYS,
-    PAIRED,
-    REPLAY,
-    busy_words,
-    comparison,
-    gpu_frame,
-    gpu_notes,
-    gpu_table,
-    pair_table,
-    timed,
-    why_wide,
-)
+from cs336sys.analysis.tables import timed
+from cs336sys.measure.stats import fmt_interval, paired_ratio
+from cs336sys.studies.e2e import STUDY
+from cs336sys.studies.e2e.paired import LM_KEYS, comparison, gpu_frame, gpu_notes, gpu_table, pair_table
 
 CONFIG = ["precision", "impl", "compile", "cuda_graphs"]  # what a user picks for one size and context
 BEST_GROUP = ["size", "context_length", "mode"]
 WINNER_COLUMNS = ["optimizer", "median_ms", "ci_low_ms", "ci_high_ms", "tflops", "mfu_pct", "mfu_note", "tokens_per_s"]
-# the `separated` column of fastest_per_size: a finding only where the two 95% intervals do not overlap
-SEPARATED, NOT_SEPARATED, NO_INTERVAL = "yes", "no significant difference", "no interval recorded"
 PANELS = [("inference", "forward"), ("train", "forward"), ("train", "backward"), ("train", "optimizer_step"), ("train", "step")]
 
 
@@ -129,14 +115,6 @@ def describe_config(row: pd.Series | dict) -> str:
         if column in row and not is_empty(row[column]):
             parts.append(on if int(row[column]) else off)
     return ", ".join(parts)
-
-
-def separation(winner: pd.Series, runner_up: pd.Series) -> str:
-    """The ``separated`` text: yes where the winner's 95% interval lies wholly below the runner-up's."""
-    a, b = intervals(pd.DataFrame([winner, runner_up]))
-    if not (a.bounded and b.bounded):
-        return NO_INTERVAL
-    return SEPARATED if significant(a, b) else NOT_SEPARATED
 
 
 def fastest_per_size(df: pd.DataFrame) -> pd.DataFrame:
@@ -293,3 +271,29 @@ def findings(df: pd.DataFrame) -> str:
             md_table(best, ".3g"),
         ]
     return "\n\n".join(parts)
+
+
+@dataclass(frozen=True)
+class E2EFacts:
+    """What the handout's answers quote of an e2e run: tables of medians and ratios, each with its 95% interval."""
+
+    gpu: pd.DataFrame  # each timed row's GPU time (:func:`gpu_frame`), ``gpu_source`` replay or graph cell
+    backward_forward: pd.DataFrame  # backward / forward per training-step cell, eager wall time
+    backward_forward_gpu: pd.DataFrame  # the same of the GPU times
+    bf16_gpu: pd.DataFrame  # fp32 / bf16 of whole steps' GPU times, two cells' intervals
+    compared: Mapping[str, pd.DataFrame]  # axis of a declared pair → :func:`comparison` along it (``source`` paired or two cells)
+    fastest: pd.DataFrame  # :func:`fastest_per_size`, with the winner's configuration in words (``config``)
+    gpu_notes: tuple[str, ...]  # why rows have no GPU time
+
+
+def facts(df: pd.DataFrame) -> E2EFacts:
+    gpu, best = gpu_frame(df), fastest_per_size(df)
+    return E2EFacts(
+        gpu=gpu,
+        backward_forward=backward_forward_ratio(df),
+        backward_forward_gpu=backward_forward_ratio(gpu),
+        bf16_gpu=bf16_speedup(gpu),
+        compared={p.axis: comparison(df, p.axis) for p in STUDY.pairs},
+        fastest=best.assign(config=[describe_config(r) for _, r in best.iterrows()]) if not best.empty else best,
+        gpu_notes=tuple(gpu_notes(df)),
+    )

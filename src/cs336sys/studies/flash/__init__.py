@@ -17,9 +17,17 @@ def _leaderboard(section: Mapping[str, Any]) -> list[Axes]:
     return [{**fixed, "impl": impl} for impl in section["grid"]["impl"]]
 
 
+def _shape(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """(batch, heads, seq_len, head_dim, causal) of a row's core."""
+    causal = row.get("causal")
+    if causal is None or causal != causal:  # absent or NaN: rows did not say before the FLOP convention changed,
+        causal = True  # and every flash run until then was causal (the section's default; their config.yaml)
+    return row.get("batch_size"), row.get("num_heads"), row.get("seq_len"), row.get("head_dim"), causal
+
+
 def _valid(axes: Axes) -> bool:
     """Some implementations handle only some shapes and dtypes (their catalog line's ``unsupported``: Triton's tutorial kernel)."""
-    if axes["impl"] not in catalog.names("flash"):
+    if axes["impl"] not in catalog.names(catalog.FUSED):
         return True  # the schema refuses the name, with the allowed ones
     return not catalog.lookup(axes["impl"]).why_unsupported(axes["seq_len"], axes["head_dim"], axes["precision"])
 
@@ -28,6 +36,7 @@ STUDY = Study(
     name="flash",
     question="How fast are our Triton FlashAttention-2 kernels against SDPA's backends, Triton's tutorial kernel and eager PyTorch? (§1.3)",
     axes=("seq_len", "head_dim", "precision", "impl", "num_heads"),
+    kind=catalog.FUSED,
     valid=_valid,
     why_invalid=(
         f"impl tutorial (Triton's fused-attention tutorial kernel) runs only precision {', '.join(TUTORIAL_PRECISIONS)}, "
@@ -35,4 +44,7 @@ STUDY = Study(
     ),
     extra_cells=_leaderboard,
     cell_keys=("leaderboard",),
+    estimate_s=2.0,  # the median cell of the H100 default sweep (results/h100), rounded
+    attention_shape=_shape,
+    renamed={"seq": "seq_len", "d": "head_dim", "heads": "num_heads"},  # runs before the axes got one name each
 )

@@ -34,9 +34,9 @@ from cs336sys.studies.attention.measure import qkv, require_device
 
 def _flash_fn(impl: str, device: torch.device) -> tuple[Callable, Callable[[], Any]]:
     """(attention fn, context factory) for a flash-study implementation name: its catalog line."""
-    catalog.lookup(impl, "flash")  # an unknown name fails here, naming the known ones, before the device is asked
+    catalog.lookup(impl, catalog.FUSED)  # an unknown name fails here, naming the known ones, before the device is asked
     require_device(impl, device)
-    found = resolve(impl, "softmax", study="flash")
+    found = resolve(impl, "softmax", kind=catalog.FUSED)
     if found is None:  # the catalog refuses such a line; a guard for the type checker's sake
         raise ValueError(f"flash implementation {impl!r} has no softmax entry in the catalog")
     return found
@@ -85,7 +85,7 @@ def measure(
     causal: bool,
     rep_ms: float,
 ) -> Iterator[dict[str, Any]]:
-    line = catalog.lookup(impl, "flash")
+    line = catalog.lookup(impl, catalog.FUSED)
     if why := line.why_unsupported(seq_len, head_dim, precision):
         raise Skip(f"unsupported by {line.about}: {why}")
     fn, kernel_ctx = _flash_fn(impl, device)

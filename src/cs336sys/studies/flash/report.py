@@ -1,15 +1,20 @@
-"""Figures and findings of study ``flash``: TFLOP/s per implementation, median ms tables."""
+"""Figures, findings and facts of study ``flash``: TFLOP/s per implementation, median ms tables."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from cs336sys import catalog
+from cs336sys.analysis.findings import paired_ratios
 from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.plots import draw_lines, failed_cells, ok_cells, plt, save, title
 from cs336sys.analysis.roofline import has_points, roofline_plot, roofline_summary
 from cs336sys.analysis.tables import ok_rows
+from cs336sys.studies.flash import STUDY
 
 PHASES = ["forward", "backward", "forward_backward"]
 INDEX = ["num_heads", "seq_len", "head_dim", "precision", "phase"]
@@ -43,7 +48,8 @@ def figures(df: pd.DataFrame, run: str) -> list:
     pairs = sorted(df[["precision", "num_heads"]].drop_duplicates().itertuples(index=False, name=None))  # the pairs with rows:
     jobs = [(f"flash_{pr}_heads-{h}", lambda p, pr=pr, h=h: plot_flash(df, p, run, pr, h))  # the leaderboard's 16 heads run bf16 only
             for pr, h in pairs]  # fmt: skip
-    return jobs + ([("roofline", lambda p: roofline_plot(df, p, run, "fused attention kernels"))] if has_points(df) else [])
+    shape = STUDY.attention_shape
+    return jobs + ([("roofline", lambda p: roofline_plot(df, p, run, "fused attention kernels", shape))] if has_points(df, shape) else [])
 
 
 def findings(df: pd.DataFrame) -> str:
@@ -54,7 +60,7 @@ def findings(df: pd.DataFrame) -> str:
     tf = ok.pivot_table(index=INDEX, columns="impl", values="tflops").reset_index()
     return "\n\n".join(["**Median ms per implementation** (do_bench; lower is better):", md_table(ms, ".4g"),
                         "**TFLOP/s** (causal counted at half):", md_table(tf, ".4g"), published(ok),
-                        roofline_summary(df)]).strip()  # fmt: skip
+                        roofline_summary(df, STUDY.attention_shape)]).strip()  # fmt: skip
 
 
 def published(ok: pd.DataFrame) -> str:
@@ -80,3 +86,31 @@ def published(ok: pd.DataFrame) -> str:
     if not lines:
         return ""
     return f"**Against published figures** ({PUBLISHED_SOURCE}; 95% intervals):\n\n" + "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One shape and phase of a flash run, and how our Triton kernel fares there against PyTorch."""
+
+    key: dict[str, Any]  # the shape and phase (INDEX → value)
+    rows: pd.DataFrame  # its ok timed rows, one per implementation
+    fastest_pytorch: str | None  # the fastest of PyTorch's implementations (catalog family) where ours ran beside one
+    versus_ours: pd.Series | None  # that one's time / ours: ratio, ratio_low, ratio_high (None where not both timed)
+
+
+@dataclass(frozen=True)
+class FlashFacts:
+    """What the handout's answers quote of a flash run."""
+
+    shapes: tuple[Shape, ...]  # every shape and phase that ran, in INDEX order
+
+
+def facts(df: pd.DataFrame) -> FlashFacts:
+    pytorch = [i.name for i in catalog.impls(STUDY.kind) if i.family == "pytorch"]
+    shapes = []
+    for key, part in ok_rows(df).dropna(subset=["median_ms"]).groupby(INDEX):
+        others = part[part["impl"].isin(pytorch)]
+        best = others.loc[others["median_ms"].idxmin(), "impl"] if "triton" in set(part["impl"]) and not others.empty else None
+        ratio = paired_ratios(part, INDEX, "impl", best, "triton") if best is not None else pd.DataFrame()
+        shapes.append(Shape(dict(zip(INDEX, key)), part, best, ratio.iloc[0] if not ratio.empty else None))
+    return FlashFacts(tuple(shapes))

@@ -1,7 +1,8 @@
-"""Figures and findings of study ``memory``: active-memory timelines, peaks, largest allocations."""
+"""Figures, findings and facts of study ``memory``: active-memory timelines, peaks, largest allocations."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +25,8 @@ def memory_summary(mem: pd.DataFrame) -> pd.DataFrame:
 
 
 def largest_allocations(mem: pd.DataFrame, top: int = 5) -> pd.DataFrame:
+    if not {"rank", "size_mib", "frames"} <= set(mem):  # no allocation recorded (a run without memory snapshots)
+        return pd.DataFrame(columns=["cell_id", "rank", "size_mib", "frames"])
     rows = of_kind(mem, "allocation")
     rows = rows[rows["rank"] <= top]
     return rows[["cell_id", "rank", "size_mib", "frames"]].reset_index(drop=True)
@@ -63,3 +66,15 @@ def findings(df: pd.DataFrame) -> str:
     return "\n\n".join(["**Peak allocated / reserved, memory before backward, and one fp32 residual-stream activation "
                          "(batch × context × d_model × 4 bytes), MiB:**", md_table(summary, ".1f"),
                          "**Largest allocations and where they come from:**", md_table(largest_allocations(df), ".1f")])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MemoryFacts:
+    """What the handout's answers quote of a memory run."""
+
+    summary: pd.DataFrame  # :func:`memory_summary`: per cell, peak allocated and reserved, before backward, one activation (MiB)
+    largest: pd.DataFrame  # :func:`largest_allocations` (cell_id, rank, size_mib, frames); empty where the run recorded none
+
+
+def facts(df: pd.DataFrame) -> MemoryFacts:
+    return MemoryFacts(memory_summary(df), largest_allocations(df))

@@ -13,6 +13,7 @@ STUDY = Study(
     name="mha",
     question="How do exact (eager, SDPA) and Performer attention layers scale with sequence length, with softmax and ReLU kernels?",
     axes=("embed_dim", "num_heads", "seq_len", "variant", "kernel", "num_features"),
+    kind="attention-layer",  # a multi-head layer (projections around a core): exact or Performer
     valid=lambda axes: mha_is_valid(axes["variant"], axes["kernel"]) and axes["embed_dim"] % axes["num_heads"] == 0,
     why_invalid="variant exact-sdpa has no relu kernel (it is softmax only), and embed_dim must be divisible by num_heads",
     canonical=_canonical,
@@ -24,4 +25,6 @@ STUDY = Study(
         "cs336sys.models.attention": lambda axes: axes["variant"] != "performer",
         "cs336sys.models.performer": lambda axes: axes["variant"] == "performer",
     },
+    estimate_s=5.0,  # the median cell of the H100 default sweep (results/h100), rounded
+    renamed={"embed": "embed_dim", "heads": "num_heads", "seq": "seq_len", "m": "num_features"},  # runs before the axes got one name each
 )

@@ -1,7 +1,8 @@
-"""Figures and findings of study ``mha``: the benchmark pages' grid of panels, slopes and OOM frontier."""
+"""Figures, findings and facts of study ``mha``: the benchmark pages' grid of panels, slopes and OOM frontier."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -55,7 +56,18 @@ def figures(df: pd.DataFrame, run: str) -> list:
 
 
 def findings(df: pd.DataFrame) -> str:
-    panels = list(METRICS.values())
-    return "\n\n".join(["**Log–log slope in sequence length** (≈2 exact, ≈1 performer):", md_table(scaling_slopes(df, GROUPS, panels), ".3g"),
+    return "\n\n".join(["**Log–log slope in sequence length** (≈2 exact, ≈1 performer):", md_table(facts(df).slopes, ".3g"),
                         "**Out-of-memory frontier** (`none`: no length ran, or none ran out of memory):",
                         md_table(oom_frontier(df, GROUPS), empty=FRONTIER_EMPTY)])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MHAFacts:
+    """What the handout's answers quote of an mha run."""
+
+    slopes: pd.DataFrame  # log–log slope in seq_len per layer (GROUPS) of the forward, backward and peak memory
+    frontier: pd.DataFrame  # per layer: the largest seq_len that ran and the first that ran out of memory
+
+
+def facts(df: pd.DataFrame) -> MHAFacts:
+    return MHAFacts(scaling_slopes(df, GROUPS, list(METRICS.values())), oom_frontier(df, GROUPS))

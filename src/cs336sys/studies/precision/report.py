@@ -1,7 +1,9 @@
-"""Figures and findings of study ``precision``: accumulation error and autocast dtype tables."""
+"""Figures, findings and facts of study ``precision``: accumulation error and autocast dtype tables."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -29,12 +31,25 @@ def figures(df: pd.DataFrame, run: str) -> list:
     return [("accumulation", lambda p: plot_accumulation(df, p, run))] if "kind" in df and (df["kind"] == "accumulation").any() else []
 
 
+KINDS = ("accumulation", "autocast-bf16", "autocast-fp16")  # the parts' row kinds
+
+
 def findings(df: pd.DataFrame) -> str:
     parts = []
-    for kind in ("accumulation", "autocast-bf16", "autocast-fp16"):
-        rows = ok_rows(df, kind=kind)
+    for kind, rows in facts(df).parts.items():
         if not rows.empty:
             skip = {"study", "cell_id", "status", "error", "part", "mode", "kind", *ENV_COLUMNS}
             keep = [c for c in rows.columns if c not in skip and rows[c].notna().any()]
             parts += [f"**{kind}:**", md_table(rows[keep], ".10g")]
     return "\n\n".join(parts)
+
+
+@dataclass(frozen=True)
+class PrecisionFacts:
+    """What the handout's answers quote of a precision run."""
+
+    parts: Mapping[str, pd.DataFrame]  # row kind (accumulation, autocast-bf16, autocast-fp16) → its ok rows
+
+
+def facts(df: pd.DataFrame) -> PrecisionFacts:
+    return PrecisionFacts({kind: ok_rows(df, kind=kind) for kind in KINDS})

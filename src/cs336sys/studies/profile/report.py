@@ -1,7 +1,8 @@
-"""Figures and findings of study ``profile``: the handout's nsys_profile answers from kernel tables."""
+"""Figures, findings and facts of study ``profile``: the handout's nsys_profile answers from kernel tables."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -142,3 +143,15 @@ def findings(df: pd.DataFrame) -> str:
         md_table(non_matmul_kernels(df), ".3g"),
     ]
     return "\n\n".join(parts)
+
+
+@dataclass(frozen=True)
+class ProfileFacts:
+    """What the handout's answers quote of a profile run."""
+
+    answers: pd.DataFrame  # :func:`profile_answers`: per cell, profiler against harness, the top kernel, matmul shares
+    non_matmul: pd.DataFrame  # :func:`non_matmul_kernels`: kernels other than matmuls above 1% of a training phase
+
+
+def facts(df: pd.DataFrame) -> ProfileFacts:
+    return ProfileFacts(profile_answers(df), non_matmul_kernels(df))

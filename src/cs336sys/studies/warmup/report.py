@@ -1,7 +1,8 @@
-"""Figures and findings of study ``warmup``: mean ± std and median per phase vs warm-up steps."""
+"""Figures, findings and facts of study ``warmup``: mean ± std and median per phase vs warm-up steps."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -58,3 +59,14 @@ def findings(df: pd.DataFrame) -> str:
         return ""
     return "\n\n".join(["**Warm-up effect** (fewest / most warm-up steps; the mean carries the first steps' one-off costs, "
                          "the median and its interval show whether the typical step changes):", md_table(effect, ".3g")])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WarmupFacts:
+    """What the handout's answers quote of a warmup run."""
+
+    effect: pd.DataFrame  # :func:`warmup_effect`: fewest / most warm-up steps per phase, of the median (interval) and the mean
+
+
+def facts(df: pd.DataFrame) -> WarmupFacts:
+    return WarmupFacts(effect=warmup_effect(df))
