@@ -250,6 +250,7 @@ def test_a_lock_holders_record_reaches_a_timeout_row_only_as_plain_words(tmp_pat
 # ---------------------------------------------------------------- c. a lock that another account cannot switch off
 
 
+@pytest.mark.slow  # starts a process
 def test_a_shared_lock_directory_made_first_by_another_account_does_not_switch_the_lock_off(other_user, shared_base, monkeypatch):
     monkeypatch.setenv("CS336SYS_FAKE_GPUS", "fake-0")
     locks = use_locks(monkeypatch, shared_base / "locks")
@@ -263,6 +264,7 @@ def test_a_shared_lock_directory_made_first_by_another_account_does_not_switch_t
     assert list(locks.iterdir()) == [], "a file was made in the other account's directory"
 
 
+@pytest.mark.slow  # starts a process
 def test_and_where_it_also_took_this_accounts_own_directory_the_home_one_holds(other_user, shared_base, tmp_path, monkeypatch):
     monkeypatch.setenv("CS336SYS_FAKE_GPUS", "fake-0")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))

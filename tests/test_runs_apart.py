@@ -186,6 +186,7 @@ OVERRIDES = {
 }
 
 
+@pytest.mark.slow  # starts a process
 def test_the_html_command_names_every_configfile_once_and_every_override(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     command = run_command("h100", ["config/full.yaml", Path("config/best.yaml")], OVERRIDES, "--report", "report.html")
