@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from cs336sys.handout.answers import ANSWER_RULES, NOT_ANSWERED, SECTIONS, disco
 from cs336sys.handout.answers_common import Run, device, measured
 from cs336sys.pipeline.config import load_yaml
 from cs336sys.pipeline.merge import load_study
+from cs336sys.rows import BadRowsError
 
 # a markdown link whose target is relative to the run's report folder (not a URL, an anchor or an absolute path)
 _RELATIVE_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)([^)\s]+)\)", re.I)
@@ -99,9 +101,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     for path in args.results:
+        if not path.is_dir():
+            parser.error(f"no run folder {path} (a results/<run> directory)")
         if not discover(path):
             parser.error(f"no merged study CSV (<study>.csv) in {path}")
-    print(write_handout(args.out, args.results, args.reports))
+    names = [path.resolve().name for path in args.results]
+    if len(set(names)) < len(names):
+        parser.error(f"two runs share a name: {', '.join(names)} (each run's answers link to report/<run>/)")
+    if args.out.is_dir():
+        parser.error(f"--out {args.out} is a directory: name the page's file, e.g. report/handout/h100.md")
+    try:
+        print(write_handout(args.out, args.results, args.reports))
+    except BadRowsError as exc:  # a run's CSV, not this page: named, nothing written
+        print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

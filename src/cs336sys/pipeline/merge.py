@@ -20,8 +20,8 @@ import pandas as pd
 from cs336sys.analysis.metrics import add_derived
 from cs336sys.analysis.passes import combine_passes
 from cs336sys.pipeline.cellcheck import read_cells
-from cs336sys.rows import order_columns, read_rows
-from cs336sys.studies import cell_id
+from cs336sys.rows import BadRowsError, check_rows, order_columns, read_rows
+from cs336sys.studies import STUDIES, cell_id
 from cs336sys.studies import study as get_study
 
 # study → old column → axis name (runs measured before commit "one home per study")
@@ -78,10 +78,21 @@ def merge_cells(
 
 
 def load_study(path: str | Path, study: str | None = None) -> pd.DataFrame:
-    """A merged study CSV, text columns as text, an old run's columns renamed (:func:`upgrade`)."""
-    df = read_rows(path)
+    """A merged study CSV, text columns as text, an old run's columns renamed (:func:`upgrade`), its rows
+    checked against the row contract (:func:`cs336sys.rows.problems`).
+
+    A file that breaks the contract, or that pandas cannot read as a CSV, is refused with
+    :class:`cs336sys.rows.BadRowsError` naming it. A CSV that no ``study`` names, whose name is no
+    study's and that has no ``study`` column (a ``summary.csv`` beside the runs') is no study's: as read.
+    """
+    try:
+        df = read_rows(path)
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise BadRowsError(f"{path}: not a CSV ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})") from None
+    if study is None and "study" not in df and Path(path).stem not in STUDIES:
+        return df
     for column in ("error", "mode", "phase"):  # empty means "none" (a failure before any part), not NaN
         if column in df:
             df[column] = df[column].astype("object").fillna("")
     study = study or (str(df["study"].iloc[0]) if "study" in df and len(df) else None)
-    return upgrade(df, study) if study else df
+    return check_rows(upgrade(df, study) if study else df, path)
