@@ -62,7 +62,7 @@ BAD_MERGED = {
     "empty-file": (lambda p: p.write_text(""), ["not a CSV"]),
     "binary": (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00garbage"), ["not a CSV"]),
     "unclosed-quote": (lambda p: p.write_text('study,cell_id,status,error\ne2e,"unclosed,ok,\n'), ["not a CSV"]),
-}  # fmt: skip
+}
 
 
 @pytest.fixture

@@ -215,8 +215,11 @@ def problems(df: pd.DataFrame, merged: bool = True) -> list[str]:
     if df.empty:
         return ["no rows (header only): not even a failure was recorded"]
     status = df["status"]
-    out = _rows_named(df, ~status.isin(STATUSES).to_numpy(),
-                      lambda i: f"status {_shown(status.iat[i]) if pd.notna(status.iat[i]) else repr('')} is not one of {', '.join(STATUSES)}")  # fmt: skip
+    out = _rows_named(
+        df,
+        ~status.isin(STATUSES).to_numpy(),
+        lambda i: f"status {_shown(status.iat[i]) if pd.notna(status.iat[i]) else repr('')} is not one of {', '.join(STATUSES)}",
+    )
     timed = timed_ok(df)
     out += _triple_problems(df, timed, TIME_TRIPLE, merged, required=True)
     out += _triple_problems(df, timed, GPU_TIME_TRIPLE, merged, required=False)
