@@ -180,3 +180,13 @@ def test_runs_without_config_are_compared_by_their_rows_and_say_so(runs, tmp_pat
     assert "settings compared from the rows only" in out.read_text()
     _set(runs[1] / "flash.csv", batch_size="4")
     assert "`flash.batch_size` (rows of 2 cell(s)): 1 → 4" in cmp.gate(list(runs), ["base", "new"], 1.05, out)
+
+
+@pytest.mark.parametrize("text", ["e2e: {batch_size: [unclosed\n", "- a list\n- of things\n"])
+def test_a_candidates_config_yaml_that_is_no_mapping_is_refused_naming_it(runs, tmp_path, capsys, text):
+    (runs[1] / "config.yaml").write_text(text)
+    with pytest.raises(ValueError) as exc:
+        cmp.gate(list(runs), ["base", "new"], 1.05, tmp_path / "gate.txt")
+    assert str(runs[1] / "config.yaml") in str(exc.value)
+    assert cmp.main([*map(str, runs), "--out", str(tmp_path / "cli"), "--fail-above", "1.05"]) == 2
+    assert str(runs[1] / "config.yaml") in capsys.readouterr().err

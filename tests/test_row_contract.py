@@ -62,6 +62,12 @@ BAD_MERGED = {
     "empty-file": (lambda p: p.write_text(""), ["not a CSV"]),
     "binary": (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00garbage"), ["not a CSV"]),
     "unclosed-quote": (lambda p: p.write_text('study,cell_id,status,error\ne2e,"unclosed,ok,\n'), ["not a CSV"]),
+    "empty-cell-id": (lambda p: _edit(p, TIMED, cell_id=""), ["row 2", "no cell_id"]),
+    "repeated-column": (
+        lambda p: p.write_text(p.read_text().replace("median_ms,", "median_ms,median_ms,", 1)),
+        ["'median_ms' appears more than once"],
+    ),
+    "a-directory": (lambda p: (p.unlink(), p.mkdir()), ["cannot be read"]),
 }
 
 
@@ -144,6 +150,7 @@ def test_usage_errors_are_usage_errors(run, tmp_path, capsys):
     assert "no run folder" in _usage_error(capsys, ["--out", out, str(tmp_path / "missing")])
     assert "no run folder" in _usage_error(capsys, ["--out", out, str(run / "e2e.csv")])
     assert "two runs share a name: run1" in _usage_error(capsys, ["--out", out, str(run), str(run)])
-    assert "is a directory" in _usage_error(capsys, ["--out", str(tmp_path), str(run)])
+    assert "cannot be a file" in _usage_error(capsys, ["--out", str(tmp_path), str(run)])
     assert "the following arguments are required" in _usage_error(capsys, [str(run)])
+    assert "cannot be a file" in _usage_error(capsys, ["--out", str(run / "e2e.csv" / "page.md"), str(run)])
     assert not Path(out).exists()

@@ -214,8 +214,12 @@ def problems(df: pd.DataFrame, merged: bool = True) -> list[str]:
         return [f"missing column{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))} (every row has {', '.join(HEAD_COLUMNS)})"]
     if df.empty:
         return ["no rows (header only): not even a failure was recorded"]
+    out = []
+    for column in ("study", "cell_id"):
+        empty = df[column].isna().to_numpy() | (df[column].astype(str).str.strip() == "").to_numpy()
+        out += _rows_named(df, empty, lambda i, column=column: f"no {column}")
     status = df["status"]
-    out = _rows_named(
+    out += _rows_named(
         df,
         ~status.isin(STATUSES).to_numpy(),
         lambda i: f"status {_shown(status.iat[i]) if pd.notna(status.iat[i]) else repr('')} is not one of {', '.join(STATUSES)}",

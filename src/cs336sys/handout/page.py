@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from cs336sys.errors import ConfigError
 from cs336sys.fileio import write_text_atomic
 from cs336sys.handout.answers import ANSWER_RULES, NOT_ANSWERED, SECTIONS, discover, section_answers
 from cs336sys.handout.answers_common import Run, device, measured
@@ -108,11 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [path.resolve().name for path in args.results]
     if len(set(names)) < len(names):
         parser.error(f"two runs share a name: {', '.join(names)} (each run's answers link to report/<run>/)")
-    if args.out.is_dir():
-        parser.error(f"--out {args.out} is a directory: name the page's file, e.g. report/handout/h100.md")
+    if args.out.is_dir() or any(p.exists() and not p.is_dir() for p in args.out.parents):
+        parser.error(f"--out {args.out} cannot be a file: name the page's file in a folder, e.g. report/handout/h100.md")
     try:
         print(write_handout(args.out, args.results, args.reports))
-    except BadRowsError as exc:  # a run's CSV, not this page: named, nothing written
+    except (BadRowsError, ConfigError) as exc:  # a run's CSV or config.yaml, not this page: named, nothing written
         print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -12,6 +12,7 @@ rebuilt from the axes, so old and new runs compare cell by cell.
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -87,8 +88,14 @@ def load_study(path: str | Path, study: str | None = None) -> pd.DataFrame:
     """
     try:
         df = read_rows(path)
-    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        with open(path, newline="", encoding="utf-8") as lines:
+            header = next(csv.reader(lines), [])
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, csv.Error) as exc:
         raise BadRowsError(f"{path}: not a CSV ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})") from None
+    except OSError as exc:
+        raise BadRowsError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if twice := sorted({c for c in header if header.count(c) > 1}):  # pandas would read the first as the column
+        raise BadRowsError(f"{path}: column {', '.join(map(repr, twice))} appears more than once")
     if study is None and "study" not in df and Path(path).stem not in STUDIES:
         return df
     for column in ("error", "mode", "phase"):  # empty means "none" (a failure before any part), not NaN

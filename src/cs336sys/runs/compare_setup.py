@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
+
+from cs336sys.errors import ConfigError
+from cs336sys.pipeline.config import load_yaml
 
 ENV_FIELDS = ("device_name", "driver_version", "torch_version", "cuda_version", "git_commit", "host")
 
@@ -50,7 +52,12 @@ def config_diff(a_cfg: Mapping | None, b_cfg: Mapping | None) -> pd.DataFrame:
 
 
 def load_config(run_dir: Path) -> Mapping | None:
+    """A run's ``config.yaml`` (None where it has none), read strictly: one that is no YAML mapping is a
+    :class:`cs336sys.errors.ConfigError` naming it."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         return None
-    return yaml.safe_load(path.read_text()) or {}
+    config = load_yaml(path) or {}
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"{path}: a run's config.yaml is a mapping of settings, not a {type(config).__name__}")
+    return config
