@@ -85,6 +85,10 @@ FOOLED = {
     "one-cell-error": (_error_one_cell, ["ok → error", E2E_CELL]),
     "cell-missing": (_drop_cell, ["missing in b", E2E_CELL]),
     "study-missing": (lambda r: (r / "precision.csv").unlink(), ["Studies of a missing in b: `precision`"]),
+    "study-header-only": (
+        lambda r: (r / "e2e.csv").write_text((r / "e2e.csv").read_text().splitlines()[0] + "\n"),
+        ["Studies of a missing in b: `e2e`"],
+    ),
     "untimed-cell-missing": (
         lambda r: _drop_cell(r, "precision", _first_precision_cell(r)),
         ["Cells ok in a with no ok row in b", "missing"],
@@ -137,7 +141,6 @@ def test_an_all_skipped_candidate_fails_the_clis_gate_and_the_reports(runs, tmp_
 
 
 BAD_CANDIDATE = {
-    "header-only": (lambda p: p.write_text(p.read_text().splitlines()[0] + "\n"), "no rows (header only)"),
     "no-status-column": (lambda p: _frame(p).drop(columns="status").to_csv(p, index=False), "missing column 'status'"),
     "unknown-status": (lambda p: _set(p, 1, status="fine"), "status 'fine'"),
     "nan-median": (lambda p: _set(p, 1, median_ms=""), "no median_ms"),

@@ -58,7 +58,6 @@ BAD_MERGED = {
     "inf-ratio": (lambda p: _edit(p, PAIR, ratio="inf"), ["row 8", "ratio inf"]),
     "duplicated-timed-row": (lambda p: _append_copy(p, TIMED), ["rows 2, 31", "inference", "forward", "duplicated row"]),
     "duplicated-pair": (lambda p: _append_copy(p, PAIR), ["rows 8, 31", "paired ratio", "pair_with precision=bf16"]),
-    "header-only": (lambda p: p.write_text(p.read_text().splitlines()[0] + "\n"), ["no rows (header only)"]),
     "empty-file": (lambda p: p.write_text(""), ["not a CSV"]),
     "binary": (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00garbage"), ["not a CSV"]),
     "unclosed-quote": (lambda p: p.write_text('study,cell_id,status,error\ne2e,"unclosed,ok,\n'), ["not a CSV"]),
@@ -83,7 +82,7 @@ def test_a_merged_csv_that_breaks_the_contract_is_refused_naming_file_and_row(ru
     damage, words = BAD_MERGED[case]
     damage(run / "e2e.csv")
     with pytest.raises(ValueError) as exc:
-        load_study(run / "e2e.csv")
+        load_study(run / "e2e.csv", check=True)
     message = str(exc.value)
     assert message.startswith(str(run / "e2e.csv")), message
     for word in words:
@@ -95,11 +94,18 @@ def test_the_fixture_runs_keep_the_contract():
         assert rows.problems(load_study(path)) == [], path
 
 
+def test_a_study_with_no_row_and_no_error_column_still_loads(run):
+    """A reduced run may keep no cell of a study (its answers say "not measured") and no failure (no error text)."""
+    (run / "mha.csv").write_text((run / "mha.csv").read_text().splitlines()[0] + "\n")
+    _drop(run / "e2e.csv", "error")
+    assert load_study(run / "mha.csv", check=True).empty and len(load_study(run / "e2e.csv", check=True)) == 30
+
+
 def test_an_old_run_without_interval_columns_still_loads(run):
     """Runs before intervals recorded none: readable (compare says `n/a`); a candidate without them fails the gate."""
     _drop(run / "e2e.csv", "ci_low_ms")
     _drop(run / "e2e.csv", "ci_high_ms")
-    assert len(load_study(run / "e2e.csv")) == 30
+    assert len(load_study(run / "e2e.csv", check=True)) == 30
 
 
 def test_a_csv_that_is_no_studys_is_read_as_it_is(run):
@@ -110,7 +116,7 @@ def test_a_csv_that_is_no_studys_is_read_as_it_is(run):
 def test_a_row_named_many_times_is_counted_not_listed(run):
     for row in range(6):
         _edit(run / "e2e.csv", row, median_ms="-1")
-    message = str(pytest.raises(ValueError, load_study, run / "e2e.csv").value)
+    message = str(pytest.raises(ValueError, load_study, run / "e2e.csv", check=True).value)
     assert message.count("median_ms -1") == 3 and "… and 3 more row(s) like these" in message
 
 

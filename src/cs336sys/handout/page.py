@@ -38,7 +38,7 @@ def load_run(results: Path, name: str | None = None) -> Run:
         raise FileNotFoundError(f"no merged study CSV (<study>.csv) in {results}")
     snapshot = results / "config.yaml"
     config = load_yaml(snapshot) if snapshot.is_file() else {}
-    frames = {study: load_study(path, study) for study, path in csvs.items()}
+    frames = {study: load_study(path, study, check=True) for study, path in csvs.items()}
     return Run(name or results.resolve().name, frames, dict(config or {}))
 
 

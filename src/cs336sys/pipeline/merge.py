@@ -78,13 +78,15 @@ def merge_cells(
     return add_derived(merged, peak_overrides, flags, peak_gbps)
 
 
-def load_study(path: str | Path, study: str | None = None) -> pd.DataFrame:
-    """A merged study CSV, text columns as text, an old run's columns renamed (:func:`upgrade`), its rows
-    checked against the row contract (:func:`cs336sys.rows.problems`).
+def load_study(path: str | Path, study: str | None = None, check: bool = False) -> pd.DataFrame:
+    """A merged study CSV, text columns as text, an old run's columns renamed (:func:`upgrade`).
 
-    A file that breaks the contract, or that pandas cannot read as a CSV, is refused with
-    :class:`cs336sys.rows.BadRowsError` naming it. A CSV that no ``study`` names, whose name is no
-    study's and that has no ``study`` column (a ``summary.csv`` beside the runs') is no study's: as read.
+    A file that pandas cannot read as a CSV, or whose header repeats a column, is refused with
+    :class:`cs336sys.rows.BadRowsError` naming it. ``check``: its rows must keep the row contract
+    (:func:`cs336sys.rows.problems`), or the error names the file and each broken row. The readers of
+    runs that anyone may hand them check (a comparison and its gate, the handout page, the between-device
+    figures); the workflow's report reads what its merge just checked. A CSV that no ``study`` names,
+    whose name is no study's and that has no ``study`` column (a ``summary.csv``) is no study's: as read.
     """
     try:
         df = read_rows(path)
@@ -102,4 +104,5 @@ def load_study(path: str | Path, study: str | None = None) -> pd.DataFrame:
         if column in df:
             df[column] = df[column].astype("object").fillna("")
     study = study or (str(df["study"].iloc[0]) if "study" in df and len(df) else None)
-    return check_rows(upgrade(df, study) if study else df, path)
+    df = upgrade(df, study) if study else df
+    return check_rows(df, path) if check else df

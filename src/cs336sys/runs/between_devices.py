@@ -57,6 +57,7 @@ from cs336sys.analysis.markdown import md_table
 from cs336sys.analysis.metrics import FLAG_DEFAULTS, add_flags
 from cs336sys.analysis.passes import drift_class, pair_busy
 from cs336sys.fileio import write_text_atomic
+from cs336sys.pipeline.merge import load_study
 from cs336sys.rows import BadRowsError
 from cs336sys.runs.compare_setup import config_diff, load_config
 from cs336sys.runs.repeatability import EAGER, GPU_TIME, PAIRED, run_measures
@@ -154,8 +155,17 @@ def _machine_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def check_run(run_dir: Path) -> None:
+    """Refuse a run whose study CSVs break the row contract (an ``inf`` median), naming the file and row."""
+    for path in sorted(Path(run_dir).glob("*.csv")):
+        if not path.name.startswith("."):
+            load_study(path, check=True)
+
+
 def estimate(runs: Sequence[Path]) -> dict[str, dict]:
     """Device name → its figures: every pair of ``runs`` on different devices of that name contributes."""
+    for run in runs:
+        check_run(Path(run))
     frames = {Path(r): classified(Path(r)) for r in runs}
     by_device: dict[str, list[pd.DataFrame]] = {}
     used: dict[str, set[Path]] = {}

@@ -63,9 +63,10 @@ class ComparisonResult:
 def load_run(results_dir: Path) -> dict[str, pd.DataFrame]:
     """Study name → merged frame, from every ``<results_dir>/*.csv`` that has a ``study`` column.
 
-    Each file loads through ``tables.load_study``: an old run's columns (``ctx``, ``attn``, …) get the
-    current names and its cell ids are rebuilt; the environment columns come back as text (a commit
-    ``1234567`` or CUDA ``12.10`` must not turn into a number: ``rows.TEXT_COLUMNS``)."""
+    Each file loads through ``pipeline.merge.load_study``, checked against the row contract (a bad file is
+    refused, named): an old run's columns (``ctx``, ``attn``, …) get the current names and its cell ids
+    are rebuilt; the environment columns come back as text (a commit ``1234567`` or CUDA ``12.10`` must
+    not turn into a number: ``rows.TEXT_COLUMNS``). A study whose CSV holds no row is not in the result."""
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise FileNotFoundError(f"no run directory {results_dir}")
@@ -73,7 +74,7 @@ def load_run(results_dir: Path) -> dict[str, pd.DataFrame]:
     for path in sorted(results_dir.glob("*.csv")):
         if path.name.startswith("."):
             continue
-        df = load_study(path)
+        df = load_study(path, check=True)
         if "study" not in df.columns:
             continue
         df["study"] = df["study"].fillna(path.stem).astype(str)
