@@ -224,6 +224,7 @@ BAD_CELLS = {
     "upside-down-interval": (lambda p: _edit(p, ci_low_ms="2.1", ci_high_ms="1.9"), ["does not hold", "[2.1, 1.9]"]),
     "infinite-bound": (lambda p: _edit(p, ci_high_ms="inf"), ["not finite"]),
     "one-bound-missing": (lambda p: _edit(p, ci_high_ms=""), ["no interval"]),
+    "two-passes-in-one-file": (lambda p: _edit(p, pass_index="1"), ["rows of passes 0, 1", "one pass"]),
 }  # fmt: skip
 
 

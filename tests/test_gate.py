@@ -102,6 +102,7 @@ FOOLED = {
         lambda r: _config(r, lambda c: c.update(interval_floor_rel=0.5)),
         ["`interval_floor_rel` (config.yaml): 0.01 → 0.5"],
     ),
+    "config-missing": (lambda r: (r / "config.yaml").unlink(), ["`config.yaml`", "the candidate's settings cannot be compared"]),
     "batch-size-in-rows": (lambda r: _set(r / "e2e.csv", batch_size="8"), ["`e2e.batch_size` (rows of 2 cell(s)): 2 → 8"]),
 }
 
@@ -150,6 +151,7 @@ BAD_CANDIDATE = {
     "no-interval-values": (lambda p: _set(p, 1, ci_low_ms="", ci_high_ms=""), "no interval"),
     "duplicated-rows": (lambda p: p.write_text(p.read_text() + p.read_text().splitlines()[2] + "\n"), "duplicated row"),
     "binary": (lambda p: p.write_bytes(b"\x00\xff\xfe garbage"), "not a CSV"),
+    "a-second-copy": (lambda p: shutil.copy(p, p.with_name("e2e-again.csv")), "repeat each other"),
 }
 
 
@@ -193,3 +195,10 @@ def test_a_candidates_config_yaml_that_is_no_mapping_is_refused_naming_it(runs, 
     assert str(runs[1] / "config.yaml") in str(exc.value)
     assert cmp.main([*map(str, runs), "--out", str(tmp_path / "cli"), "--fail-above", "1.05"]) == 2
     assert str(runs[1] / "config.yaml") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1.05"])
+def test_a_threshold_that_lets_every_row_pass_is_a_usage_error(runs, tmp_path, capsys, value):
+    with pytest.raises(SystemExit) as exc:
+        cmp.main([*map(str, runs), "--out", str(tmp_path / "cli"), "--fail-above", value])
+    assert exc.value.code == 2 and "not a finite ratio above 0" in capsys.readouterr().err

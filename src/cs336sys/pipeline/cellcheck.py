@@ -116,12 +116,15 @@ def read_cells(paths: Iterable[str | Path], study: str, expected_ids: Iterable[s
 
 
 def _same_pass_twice(frames: list[pd.DataFrame], paths: list[Path]) -> list[str]:
-    """A cell's pass recorded in two files (one pass's CSV copied over another's): the merge would fold its
-    timed rows as two passes of one cell, as it would a duplicated row."""
+    """A cell's pass recorded in two files (one pass's CSV copied over another's), or a file holding rows
+    of two passes: the merge would fold its timed rows as passes of one cell, as it would a duplicated row."""
     seen: dict[tuple[str, str], Path] = {}
     out = []
     for frame, path in zip(frames, paths):
         if "pass_index" not in frame:
+            continue
+        if (passes := sorted(frame["pass_index"].dropna().astype(str).unique())) and len(passes) > 1:
+            out.append(f"{path}: rows of passes {', '.join(passes)}: a cell CSV holds one pass")
             continue
         timed = frame[timed_ok(frame)]
         for key in dict.fromkeys(zip(timed["cell_id"].astype(str), timed["pass_index"].astype(str))):

@@ -37,11 +37,12 @@ from cs336sys.analysis.passes import HOST_PROBE
 from cs336sys.columns import GPU_TIME_PREFIX, timed_kind
 from cs336sys.fileio import atomic_path, write_text_atomic
 from cs336sys.pipeline.merge import load_study
+from cs336sys.rows import BadRowsError, problems
 from cs336sys.runs import compare_machines, compare_plot
 from cs336sys.runs.compare_machines import HOST_DEPENDENT, Machines, evidence, machines_of, machines_text, row_gpus
-from cs336sys.runs.compare_plot import cell_text, cells_md, listed, md
+from cs336sys.runs.compare_plot import cell_text, cells_md, listed, md, texts_where
 from cs336sys.runs.compare_setup import config_diff, environment_diff, load_config
-from cs336sys.runs.gate import GATE_RULES, GateResult, evaluate, regressions
+from cs336sys.runs.gate import GATE_RULES, GateResult, evaluate, regressions, threshold
 from cs336sys.runs.html import report_page
 
 KEYS = ("cell_id", "mode", "phase")
@@ -71,6 +72,7 @@ def load_run(results_dir: Path) -> dict[str, pd.DataFrame]:
     if not results_dir.is_dir():
         raise FileNotFoundError(f"no run directory {results_dir}")
     parts: dict[str, list[pd.DataFrame]] = {}
+    sources: dict[str, list[Path]] = {}
     for path in sorted(results_dir.glob("*.csv")):
         if path.name.startswith("."):
             continue
@@ -80,7 +82,12 @@ def load_run(results_dir: Path) -> dict[str, pd.DataFrame]:
         df["study"] = df["study"].fillna(path.stem).astype(str)
         for name, group in df.groupby("study", sort=False):
             parts.setdefault(str(name), []).append(group)
-    return {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
+            sources.setdefault(str(name), []).append(path)
+    runs = {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
+    for name, paths in sources.items():  # two files, one study: a row in both would be compared once, unseen
+        if len(paths) > 1 and (twice := problems(runs[name])):
+            raise BadRowsError(f"rows of study {name} in {' and '.join(map(str, paths))} repeat each other: {twice[0]}")
+    return runs
 
 
 def _truthy(value: Any) -> bool:
@@ -128,7 +135,8 @@ def _expand_failures(side: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
         return side
     src = side.assign(_src=np.arange(len(side)), _sub=-1)
     w = src[wide]
-    targets = other[list(KEYS)].drop_duplicates().assign(_sub=np.arange(len(other[list(KEYS)].drop_duplicates())))
+    targets = other[list(KEYS)].drop_duplicates()
+    targets = targets.assign(_sub=np.arange(len(targets)))
     cand = w.drop(columns=["mode", "phase", "_sub"]).merge(targets, on="cell_id")
     own = w.set_index("_src")[["mode", "phase"]].reindex(cand["_src"]).to_numpy()
     covers = ((own[:, 0] == "") | (own[:, 0] == cand["mode"].to_numpy())) & ((own[:, 1] == "") | (own[:, 1] == cand["phase"].to_numpy()))
@@ -137,13 +145,6 @@ def _expand_failures(side: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
     kept = src[~wide | ~src["_src"].isin(cand["_src"]).to_numpy()]
     out = pd.concat([kept, cand[src.columns]], ignore_index=True).sort_values(["_src", "_sub"], kind="stable")
     return out.drop(columns=["_src", "_sub"]).drop_duplicates(list(KEYS), keep="first").reset_index(drop=True)
-
-
-def _texts(where: np.ndarray, text, *columns: pd.Series) -> np.ndarray:
-    """``text`` of the columns' values on the rows ``where`` (few: the rows that need a note), "" elsewhere."""
-    out = np.full(len(where), "", dtype=object)
-    out[where] = [text(*values) for values in zip(*(np.asarray(c)[where] for c in columns))]
-    return out
 
 
 def compare_study(a: pd.DataFrame, b: pd.DataFrame, machines: Machines | None = None, study: str = "") -> pd.DataFrame:
@@ -211,8 +212,8 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame, machines: Machines | None = 
             "no median recorded",
             "no interval recorded",
             "interval incomplete",
-            _texts(verdict == HOST_DEPENDENT, evidence, host_ratio, gpu_ratio),
-            _texts(by_gpu_row, lambda e: f"host-bound on two devices: judged by its GPU time (eager ratio {e:.3g})", eager_ratio),
+            texts_where(verdict == HOST_DEPENDENT, evidence, host_ratio, gpu_ratio),
+            texts_where(by_gpu_row, lambda e: f"host-bound on two devices: judged by its GPU time (eager ratio {e:.3g})", eager_ratio),
         ],
         "",
     )
@@ -355,7 +356,8 @@ def gate(run_dirs: Sequence[Path], names: Sequence[str], fail_above: float, out:
     head = f"`{names[1]}` vs `{names[0]}` (baseline), fail above {fail_above:g}"
     if result.passed:
         notes = "".join(f"; not checked: {n}" for n in result.notes)
-        write_text_atomic(out, f"passed: {head}: {len(table)} row(s) compared, no regression{notes}\n")
+        judged = int((table["verdict"] != "n/a").sum())
+        write_text_atomic(out, f"passed: {head}: {len(table)} row(s) compared, {judged} judged, no regression{notes}\n")
         return None
     return "\n".join([f"FAILED: {head}: {result.failures()} failure(s). {GATE_RULES}", "", *result.text()]).rstrip()
 
@@ -365,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("runs", nargs=2, type=Path, metavar="RUN_DIR", help="baseline, then candidate: results/<run>")
     parser.add_argument("--out", type=Path, help="output directory (default report/compare/<a>-vs-<b>)")
     parser.add_argument("--names", nargs=2, metavar=("A", "B"), help="run names (default: the directory names)")
-    parser.add_argument("--fail-above", type=float, help=f"exit 1 when the gate fails at this ratio threshold: {GATE_RULES}")
+    parser.add_argument("--fail-above", type=threshold, help=f"exit 1 when the gate fails at this ratio threshold: {GATE_RULES}")
     args = parser.parse_args(argv)
     names = args.names or [d.resolve().name for d in args.runs]
     out = args.out or Path("report/compare") / f"{names[0]}-vs-{names[1]}"

@@ -157,6 +157,13 @@ def ratio_text(row) -> str:
     return f"{sig(row['ratio'], 3)} [{sig(row['ratio_low'], 3)}, {high}]"
 
 
+def texts_where(where: np.ndarray, text: Callable[..., str], *columns: pd.Series) -> np.ndarray:
+    """``text`` of the columns' values on the rows ``where`` (few: the rows that need a note), "" elsewhere."""
+    out = np.full(len(where), "", dtype=object)
+    out[where] = [text(*values) for values in zip(*(np.asarray(c)[where] for c in columns))]
+    return out
+
+
 def ratio_texts(rows: pd.DataFrame) -> list[str]:
     """:func:`ratio_text` of every row, without building a Series per row."""
     cols = [rows[c].astype(float).to_numpy() for c in ("ratio", "ratio_low", "ratio_high")]

@@ -24,6 +24,7 @@ Reads frames and YAML only; no torch.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,14 @@ GATE_RULES = (
 )
 # run-wide keys that reach a cell's measurement (studies.cell_settings) or the interval the gate judges by
 RUN_SETTINGS = ("device", "memory_fraction", "interval_floor_rel")
+
+
+def threshold(text: str) -> float:
+    """A gate's ratio threshold from the command line: a finite number above 0 (``nan`` would pass every slower row)."""
+    value = float(text)
+    if not (np.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite ratio above 0, e.g. 1.05")
+    return value
 
 
 @dataclass
@@ -184,6 +193,8 @@ def setting_changes(
     studies = sorted(set(a) & set(b))
     configs = [load_config(d) for d in dirs]
     rows, named = [], set()
+    if configs[0] is not None and configs[1] is None:  # the candidate's settings cannot be known: fail closed
+        rows.append(("config.yaml", "recorded", "missing: the candidate's settings cannot be compared", str(dirs[1])))
     if None in configs:
         notes = [
             f"no config.yaml in {' and '.join(str(d) for d, c in zip(dirs, configs) if c is None)}: settings compared from the rows only"
