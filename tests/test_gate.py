@@ -202,3 +202,30 @@ def test_a_threshold_that_lets_every_row_pass_is_a_usage_error(runs, tmp_path, c
     with pytest.raises(SystemExit) as exc:
         cmp.main([*map(str, runs), "--out", str(tmp_path / "cli"), "--fail-above", value])
     assert exc.value.code == 2 and "not a finite ratio above 0" in capsys.readouterr().err
+
+
+# runs workflow/scripts/compare.py as Snakemake does: in its own process, with a `snakemake` object
+GATE_JOB = """
+import json, runpy, sys
+from types import SimpleNamespace as N
+job = json.loads(sys.argv[1])
+params = N(runs=job["runs"], names=["base", "new"], fail_above=1.05, keys=lambda: ["runs", "names", "fail_above"])
+snakemake = N(scriptdir=job["scriptdir"], output=[job["out"]], log=[job["log"]], params=params)
+runpy.run_path(job["scriptdir"] + "/compare.py", init_globals={"snakemake": snakemake})
+"""
+
+
+@pytest.mark.slow  # a process, as the workflow's gate job
+def test_the_workflows_gate_job_refuses_a_bad_csv_naming_it_and_writes_nothing(runs, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    _set(runs[1] / "e2e.csv", 1, median_ms="-5")  # read as "faster" before
+    out, log = tmp_path / "gate-1.05.txt", tmp_path / "gate.log"
+    scripts = Path(__file__).resolve().parents[1] / "workflow" / "scripts"
+    job = {"scriptdir": str(scripts), "runs": [str(r) for r in runs], "out": str(out), "log": str(log)}
+    proc = subprocess.run([sys.executable, "-c", GATE_JOB, json.dumps(job)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and not out.exists()
+    assert f"refused: {runs[1] / 'e2e.csv'}: breaks the row contract" in proc.stderr and "median_ms -5" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -327,7 +327,7 @@ def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Pa
         lines += [f"Not gated (no fail-above threshold). {len(regs)} row(s) slower beyond noise, missing or no longer ok in b.", ""]
         lines += [listed(regs, lambda r: cells_md(r, ["reason"])), ""] if len(regs) else []
     else:
-        lines += [f"Fail above {fail_above:g}: **{'passed' if passed else 'FAILED'}** — {verdict.failures()} failure(s). {GATE_RULES}", ""]
+        lines += [f"Fail above {fail_above:g}: **{'passed' if passed else 'FAILED'}** — {verdict.failures()} regression(s). {GATE_RULES}", ""]
         lines += verdict.text() + [f"Not checked: {n}." for n in verdict.notes] + ([""] if verdict.notes else [])
     lines += ["## Environment", "", md(environment_diff(*runs)), "", "## Config", ""]
     cfgs = load_config(a_dir), load_config(b_dir)
@@ -359,7 +359,7 @@ def gate(run_dirs: Sequence[Path], names: Sequence[str], fail_above: float, out:
         judged = int((table["verdict"] != "n/a").sum())
         write_text_atomic(out, f"passed: {head}: {len(table)} row(s) compared, {judged} judged, no regression{notes}\n")
         return None
-    return "\n".join([f"FAILED: {head}: {result.failures()} failure(s). {GATE_RULES}", "", *result.text()]).rstrip()
+    return "\n".join([f"FAILED: {head}: {result.failures()} regression(s). {GATE_RULES}", "", *result.text()]).rstrip()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -379,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {result.report_path}")
     if result.gate is not None and not result.passed:
         print("\n".join(result.gate.text()).rstrip())
-        print(f"FAILED: {result.gate.failures()} failure(s) (fail above {args.fail_above:g})", file=sys.stderr)
+        print(f"FAILED: {result.gate.failures()} regression(s) (fail above {args.fail_above:g})", file=sys.stderr)
         return 1
     if result.regressions.empty:
         print("no regressions" if args.fail_above is not None else "no cell slower beyond noise, missing or newly failing")
