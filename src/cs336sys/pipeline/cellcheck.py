@@ -6,7 +6,7 @@ A cell CSV holds a header and at least one row; every row has the head columns
 workflow names a cell's file after its id, ``<cell_id>.csv``) and that its axes make;
 and its rows keep the row contract (:func:`cs336sys.rows.problems`: times above zero,
 intervals that hold them, no row twice; a duplicated timed row would pass for a second
-pass and stretch the cell's interval to [0.047, 202992] ms).
+pass and set the cell's interval), and one file holds one pass.
 A header-only file would vanish from the merge and the report would count one cell
 fewer; garbage would become a junk row and column; a missing ``status`` would crash the
 report later, far from the file. So the merge reads every file through :func:`read_cells`
