@@ -168,6 +168,14 @@ def test_a_candidate_csv_that_breaks_the_row_contract_is_refused_naming_it(runs,
     assert str(csv) in capsys.readouterr().err
 
 
+def test_a_baseline_that_measured_nothing_fails_the_gate(runs, tmp_path):
+    """Two all-skipped runs have no regression between them, and nothing to show either: the gate fails."""
+    for run in runs:
+        _skip_all(run)
+    failure = cmp.gate(list(runs), ["base", "new"], 1.05, tmp_path / "gate.txt")
+    assert failure is not None and "Baseline: no ok row in a: nothing to gate b against" in failure
+
+
 def test_new_cells_in_the_candidate_and_an_old_baseline_without_intervals_still_pass(runs, tmp_path):
     """Cells only in b are not failures; a baseline from before intervals is compared, not judged, and said so."""
     _drop_cell(runs[0])

@@ -327,7 +327,10 @@ def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Pa
         lines += [f"Not gated (no fail-above threshold). {len(regs)} row(s) slower beyond noise, missing or no longer ok in b.", ""]
         lines += [listed(regs, lambda r: cells_md(r, ["reason"])), ""] if len(regs) else []
     else:
-        lines += [f"Fail above {fail_above:g}: **{'passed' if passed else 'FAILED'}** — {verdict.failures()} regression(s). {GATE_RULES}", ""]
+        lines += [
+            f"Fail above {fail_above:g}: **{'passed' if passed else 'FAILED'}** — {verdict.failures()} regression(s). {GATE_RULES}",
+            "",
+        ]
         lines += verdict.text() + [f"Not checked: {n}." for n in verdict.notes] + ([""] if verdict.notes else [])
     lines += ["## Environment", "", md(environment_diff(*runs)), "", "## Config", ""]
     cfgs = load_config(a_dir), load_config(b_dir)

@@ -9,7 +9,8 @@ The gate fails on:
 - a row ok in both that b gives no median or no interval for: a candidate is measured by today's code,
   which records both, so one without them is a candidate that cannot be judged;
 - a study of a that b does not have (no ``<study>.csv``, or one without rows), and a cell with an ok row
-  in a and none in b in any study (those without timed rows too: memory, precision);
+  in a and none in b in any study (those without timed rows too: memory, precision); a baseline
+  without any ok row (nothing to gate against);
 - a setting outside the cell id that shapes a measurement and differs between the runs: a section's
   settings (``batch_size``, ``trials``, ``measure_steps``…, not its grid or its jobs' keys), the run-wide
   keys that reach a cell or its interval (:data:`RUN_SETTINGS`) and the study's ``config_keys``, from each
@@ -62,17 +63,18 @@ class GateResult:
     cells: pd.DataFrame = field(default_factory=pd.DataFrame)  # (study, cell_id, a, b): ok in a, no ok row in b
     settings: pd.DataFrame = field(default_factory=pd.DataFrame)  # (setting, a, b, source) that differ
     notes: list[str] = field(default_factory=list)  # what was not checked, and why
+    baseline: str = ""  # why a cannot serve as a baseline: it measured nothing
 
     @property
     def passed(self) -> bool:
-        return self.rows.empty and not self.studies and self.cells.empty and self.settings.empty
+        return self.rows.empty and not self.studies and self.cells.empty and self.settings.empty and not self.baseline
 
     def failures(self) -> int:
-        return len(self.rows) + len(self.studies) + len(self.cells) + len(self.settings)
+        return len(self.rows) + len(self.studies) + len(self.cells) + len(self.settings) + bool(self.baseline)
 
     def text(self) -> list[str]:
         """The failures, section by section, each listed up to :data:`LISTED` rows."""
-        out = []
+        out = [f"Baseline: {self.baseline}", ""] if self.baseline else []
         if self.studies:
             out += [f"Studies of a missing in b: {', '.join(f'`{s}`' for s in self.studies)}", ""]
         if len(self.settings):
@@ -228,4 +230,5 @@ def evaluate(
     unjudged = int((both_ok & (table["verdict"] == "n/a") & (table["b_lacks"] == "")).sum())
     if unjudged:
         notes.append(f"{unjudged} row(s) ok in both not judged: the baseline recorded no median or interval (a run before them)")
-    return GateResult(rows=rows, studies=missing, cells=cells, settings=settings, notes=notes)
+    nothing = "" if any((df["status"] == "ok").any() for df in a.values()) else "no ok row in a: nothing to gate b against"
+    return GateResult(rows=rows, studies=missing, cells=cells, settings=settings, notes=notes, baseline=nothing)
