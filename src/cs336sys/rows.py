@@ -104,10 +104,11 @@ def parse_rows(text: str) -> pd.DataFrame:
     return pd.read_csv(io.StringIO(text), dtype=_text_dtypes(pd.read_csv(io.StringIO(text), nrows=0).columns))
 
 
-# --- the row contract: checked wherever rows are read back ----------------------------------------
-# The cell check and the merge (pipeline.cellcheck, pipeline.merge), the comparison and its gate, the
-# handout page and the between-device figures read rows through it, so a CSV whose numbers cannot be
-# right is refused, named, before any of them turns it into a ratio, an interval or an answer.
+# --- the row contract -------------------------------------------------------------------------
+# The cell check before the merge (pipeline.cellcheck) and every reader of a run handed in (the comparison
+# and its gate, the handout page, the between-device figures: pipeline.merge.load_study(check=True)) read
+# rows through it, so a CSV whose numbers cannot be right is refused, named, before any of them turns it
+# into a ratio, an interval or an answer.
 TIME_TRIPLE = ("median_ms", "ci_low_ms", "ci_high_ms")
 GPU_TIME_TRIPLE = tuple(GPU_TIME_PREFIX + c for c in TIME_TRIPLE)  # the same phase replayed as CUDA graphs
 PAIR_TRIPLE = ("ratio", "ratio_ci_low", "ratio_ci_high")
