@@ -213,6 +213,18 @@ BAD_CELLS = {
     "wrong-study": (lambda p: _edit(p, study="mha"), ["study 'mha'", "'attention'"]),
     "truncated-row": (_truncate, ["row 2", "fields"]),
     "junk-row-appended": (lambda p: p.write_text(p.read_text() + "garbage\n"), ["row 3", "fields"]),
+    # rows that read well but cannot be right: a duplicated timed row would fold as a second pass
+    "duplicated-row": (lambda p: p.write_text(p.read_text() + p.read_text().splitlines()[-1] + "\n"),
+                       ["rows 2, 3", "phase backward", "duplicated row"]),
+    "negative-median": (lambda p: _edit(p, median_ms="-2.0"), ["row 2", "median_ms -2.0", "above zero"]),
+    "zero-median": (lambda p: _edit(p, median_ms="0"), ["median_ms 0", "above zero"]),
+    "nan-median": (lambda p: _edit(p, median_ms="nan"), ["row 2", "no median_ms"]),
+    "inf-median": (lambda p: _edit(p, median_ms="inf"), ["median_ms inf"]),
+    "text-median": (lambda p: _edit(p, median_ms="fast"), ["median_ms 'fast'"]),
+    "upside-down-interval": (lambda p: _edit(p, ci_low_ms="2.1", ci_high_ms="1.9"), ["does not hold", "[2.1, 1.9]"]),
+    "infinite-bound": (lambda p: _edit(p, ci_high_ms="inf"), ["not finite"]),
+    "one-bound-missing": (lambda p: _edit(p, ci_high_ms=""), ["no interval"]),
+    "two-passes-in-one-file": (lambda p: _edit(p, pass_index="1"), ["rows of passes 0, 1", "one pass"]),
 }  # fmt: skip
 
 
@@ -237,6 +249,24 @@ def test_every_bad_file_is_named_at_once(cells):
     with pytest.raises(ValueError) as exc:
         merge_cells(cells, "attention")
     assert str(cells[3]) in str(exc.value) and str(cells[7]) in str(exc.value)
+
+
+def test_a_pass_recorded_twice_stops_the_merge_naming_both_files(cells):
+    """Pass 1's file a copy of pass 0's (pass_index 0 in both): folded, it would be a second pass of one cell."""
+    copy = cells[0].parent / S.pass_dir(1) / cells[0].name
+    copy.parent.mkdir()
+    copy.write_bytes(cells[0].read_bytes())
+    with pytest.raises(ValueError) as exc:
+        merge_cells([*cells, copy], "attention")
+    assert str(copy) in str(exc.value) and str(cells[0]) in str(exc.value) and "pass 0" in str(exc.value)
+
+
+def test_a_cell_csvs_one_step_interval_and_a_noisy_low_bound_still_merge(cells):
+    """As measured, one step gives no interval and a very noisy cell's low bound may fall below zero (measure.stats)."""
+    _edit(cells[0], ci_low_ms="", ci_high_ms="")
+    _edit(cells[1], ci_low_ms="-0.5")
+    merged = merge_cells(cells, "attention")
+    assert len(merged) == 20 and (merged["ci_low_ms"] >= 0).all() and merged["ci_high_ms"].notna().all()
 
 
 def test_the_good_cells_still_merge_one_row_per_cell_and_phase(cells):

@@ -445,3 +445,58 @@ def test_a_row_without_a_busy_share_on_two_machines_gets_the_widest_figure(tmp_p
     ra, rb = _load(a, b)
     got = cmp.compare_runs(ra, rb, machines=machines_of(ra, rb, FIG3)).iloc[0]
     assert got["verdict"] == "same" and got["figure"] == 0.5
+
+
+# ---------------------------------------------------------------- one contaminated row, a value that is no number
+
+
+def test_one_row_that_moved_alone_does_not_set_its_classs_figure(tmp_path, capsys):
+    """GPU-bound rows moved at most 2% between two GPUs; one moved 40% (a job beside it, a bad moment): it is
+    set aside, named, and the figure stays what the other rows say (0.0205), not 0.4."""
+    a = write_run(tmp_path / "a", _two_kinds_of_rows(GPU1, moved=False) + [row("odd", 10.0, GPU_BOUND, GPU1)])
+    b = write_run(tmp_path / "b", _two_kinds_of_rows(GPU2, moved=True) + [row("odd", 14.0, GPU_BOUND, GPU2)])
+    gpu = bd.estimate([a, b])[H100]["classes"]["gpu-bound"]
+    assert gpu["rel"] == 0.0205 and gpu["rows"] == len(GPU_MOVES) and gpu["set_aside"] == 1
+    assert "set aside mha|odd|inference|step (a vs b): moved 0.4" in capsys.readouterr().err
+
+
+def test_a_shared_row_does_not_set_its_classs_figure(tmp_path, capsys):
+    """A row measured while another run's job ran beside it (concurrent_jobs > 0: flagged shared) measured that job too."""
+    shared = {"concurrent_jobs": 1, "gpu_lock": "held"}
+    a = write_run(
+        tmp_path / "a",
+        [{**r, "concurrent_jobs": 0, "gpu_lock": "held"} for r in _two_kinds_of_rows(GPU1, moved=False)]
+        + [row("busy", 10.0, GPU_BOUND, GPU1, concurrent_jobs=0, gpu_lock="held")],
+    )
+    b = write_run(
+        tmp_path / "b",
+        [{**r, "concurrent_jobs": 0, "gpu_lock": "held"} for r in _two_kinds_of_rows(GPU2, moved=True)]
+        + [row("busy", 10.3, GPU_BOUND, GPU2, **shared)],
+    )
+    gpu = bd.estimate([a, b])[H100]["classes"]["gpu-bound"]
+    assert gpu["rel"] == 0.0205 and gpu["set_aside"] == 1
+    err = capsys.readouterr().err
+    assert "set aside mha|busy|inference|step (a vs b): shared in either run" in err
+
+
+@pytest.mark.parametrize(
+    "column, value",
+    [
+        ("median_ms", float("inf")),
+        ("median_ms", float("nan")),
+        ("median_ms", -10.0),
+        ("ci_high_ms", float("inf")),
+        ("gpu_median_ms", float("inf")),
+    ],
+)
+def test_write_refuses_a_value_that_is_no_time_naming_the_file_and_row(tmp_path, capsys, monkeypatch, column, value):
+    written = []
+    monkeypatch.setattr(bd, "write", lambda *args, **kwargs: written.append(args))
+    a = write_run(tmp_path / "a", _two_kinds_of_rows(GPU1, moved=False))
+    rows = _two_kinds_of_rows(GPU2, moved=True)
+    rows[2] = {**rows[2], "gpu_median_ms": 5.0, "gpu_ci_low_ms": 4.9, "gpu_ci_high_ms": 5.1, column: value}
+    b = write_run(tmp_path / "b", rows)
+    assert bd.main([str(a), str(b), "--write"]) == 2
+    err = capsys.readouterr().err
+    assert str(b / "mha.csv") in err and "row 3 (g2" in err and "Traceback" not in err
+    assert not written

@@ -317,3 +317,47 @@ def test_an_interval_reaching_zero_still_judges_from_below():
     assert t.loc[CELL.format("wide"), "verdict"] == "same"  # [6/20, ∞] holds 1
     assert t.loc[CELL.format("slow"), "verdict"] == "slower"  # [28.5/20, ∞]: beyond the noise
     assert ratio_text(t.loc[CELL.format("slow")]).endswith("∞]")
+
+
+# --- many rows: a report and a figure a reader can read, in seconds (30,000 rows took 500 s labelling the figure)
+
+
+def test_a_ratio_figure_of_many_rows_labels_the_lowest_and_highest_and_says_what_it_left_out():
+    import numpy as np
+
+    from cs336sys.runs.compare_plot import close, ratio_figure
+
+    n = 5000
+    ratio = np.linspace(0.5, 2.0, n)
+    verdict = np.where(ratio > 1.2, "slower", np.where(ratio < 0.8, "faster", "same"))
+    table = pd.DataFrame(
+        {
+            "cell_id": [f"c{i}" for i in range(n)],
+            "mode": "inference",
+            "phase": "forward",
+            "ratio": ratio,
+            "ratio_low": ratio * 0.99,
+            "ratio_high": ratio * 1.01,
+            "verdict": verdict,
+        }
+    )
+    fig = ratio_figure(table, "e2e: b vs a")
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(labels) == 60
+    assert labels[:2] == ["c0 · inference/forward", "c1 · inference/forward"] and labels[-1] == f"c{n - 1} · inference/forward"
+    assert "60 of 5000 rows: the 30 lowest and 30 highest ratios" in ax.get_title()
+    assert any("4940 rows between, ratio 0.509 to 1.99" in t.get_text() for t in ax.texts)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert f"same ({(verdict == 'same').sum()})" in legend  # counted though no "same" row is drawn
+    close(fig)
+
+
+def test_a_report_of_many_changed_rows_lists_a_readable_number_and_counts_the_rest(tmp_path):
+    factors = {f"slow{i}": 1.5 for i in range(30)}
+    a = write_run(tmp_path / "a", cells(ENV_A, dict.fromkeys(factors, 1.0)))
+    b = write_run(tmp_path / "b", cells(ENV_A, factors))
+    text = cmp.write_comparison([a, b], ["a", "b"], tmp_path / "out").report_path.read_text()
+    slower = text.split("### Slower in b", 1)[1].split("###", 1)[0]
+    assert slower.count("| size=small") == 50 and "… and 40 more, every row in compare.csv" in slower
+    assert len(pd.read_csv(tmp_path / "out" / "compare.csv")) == 90

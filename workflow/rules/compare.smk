@@ -2,7 +2,10 @@
 #   snakemake report/compare/<a>-vs-<b>/report.md       baseline a, candidate b (results/<a>/, results/<b>/);
 #                                                        also report.html (one page, figures inside), compare.csv
 #   snakemake report/compare/<a>-vs-<b>/gate-1.05.txt   fails when a cell of b is slower beyond noise
-#                                                        by more than 5 %, or went from ok to oom/error/timeout
+#                                                        by more than 5 %, is no longer ok or missing, has no
+#                                                        median or interval, or ran with other settings
+#                                                        (cs336sys.runs.gate); a CSV that breaks the row
+#                                                        contract is refused, named (both rules)
 # These rules read results/<run>/ only: they measure nothing and need none of this config's studies.
 localrules:
     compare,
@@ -57,7 +60,7 @@ rule compare:
 
 
 # The gate: the same comparison against a threshold in the file name (gate-1.05.txt: fail above
-# 1.05). It fails the job, listing each regression, and writes its file only when it passes.
+# 1.05). It fails the job, listing each failure, and writes its file only when it passes.
 rule compare_gate:
     input:
         unpack(run_files),

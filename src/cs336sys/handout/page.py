@@ -15,14 +15,17 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from cs336sys.errors import ConfigError
 from cs336sys.fileio import write_text_atomic
 from cs336sys.handout.answers import ANSWER_RULES, NOT_ANSWERED, SECTIONS, discover, section_answers
 from cs336sys.handout.answers_common import Run, device, measured
 from cs336sys.pipeline.config import load_yaml
 from cs336sys.pipeline.merge import load_study
+from cs336sys.rows import BadRowsError
 
 # a markdown link whose target is relative to the run's report folder (not a URL, an anchor or an absolute path)
 _RELATIVE_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)([^)\s]+)\)", re.I)
@@ -35,7 +38,7 @@ def load_run(results: Path, name: str | None = None) -> Run:
         raise FileNotFoundError(f"no merged study CSV (<study>.csv) in {results}")
     snapshot = results / "config.yaml"
     config = load_yaml(snapshot) if snapshot.is_file() else {}
-    frames = {study: load_study(path, study) for study, path in csvs.items()}
+    frames = {study: load_study(path, study, check=True) for study, path in csvs.items()}
     return Run(name or results.resolve().name, frames, dict(config or {}))
 
 
@@ -99,9 +102,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     for path in args.results:
+        if not path.is_dir():
+            parser.error(f"no run folder {path} (a results/<run> directory)")
         if not discover(path):
             parser.error(f"no merged study CSV (<study>.csv) in {path}")
-    print(write_handout(args.out, args.results, args.reports))
+    names = [path.resolve().name for path in args.results]
+    if len(set(names)) < len(names):
+        parser.error(f"two runs share a name: {', '.join(names)} (each run's answers link to report/<run>/)")
+    if args.out.is_dir() or any(p.exists() and not p.is_dir() for p in args.out.parents):
+        parser.error(f"--out {args.out} cannot be a file: name the page's file in a folder, e.g. report/handout/h100.md")
+    try:
+        print(write_handout(args.out, args.results, args.reports))
+    except (BadRowsError, ConfigError) as exc:  # a run's CSV or config.yaml, not this page: named, nothing written
+        print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

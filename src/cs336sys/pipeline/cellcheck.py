@@ -3,7 +3,10 @@
 A cell CSV holds a header and at least one row; every row has the head columns
 (``study``, ``cell_id``, ``status``, ``error``) and the study's axes, a status from
 :data:`cs336sys.rows.STATUSES`, and the cell id of the file it is in (the
-workflow names a cell's file after its id, ``<cell_id>.csv``) and that its axes make.
+workflow names a cell's file after its id, ``<cell_id>.csv``) and that its axes make;
+and its rows keep the row contract (:func:`cs336sys.rows.problems`: times above zero,
+intervals that hold them, no row twice; a duplicated timed row would pass for a second
+pass and set the cell's interval), and one file holds one pass.
 A header-only file would vanish from the merge and the report would count one cell
 fewer; garbage would become a junk row and column; a missing ``status`` would crash the
 report later, far from the file. So the merge reads every file through :func:`read_cells`
@@ -19,7 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from cs336sys.rows import HEAD_COLUMNS, STATUSES, parse_rows
+from cs336sys.rows import HEAD_COLUMNS, STATUSES, parse_rows, timed_ok
+from cs336sys.rows import problems as row_problems
 from cs336sys.studies import cell_id
 from cs336sys.studies import study as get_study
 
@@ -76,7 +80,11 @@ def _read(path: Path, study: str, expected_id: str) -> tuple[pd.DataFrame | None
     except OSError as exc:
         return None, f"cannot be read ({exc.strerror})"
     what = problem(text, study, expected_id)
-    return (parse_rows(text), None) if what is None else (None, what)
+    if what is not None:
+        return None, what
+    frame = parse_rows(text)
+    found = row_problems(frame, merged=False)
+    return (None, "; ".join(found)) if found else (frame, None)
 
 
 def read_cell(path: str | Path, study: str, expected_id: str | None = None) -> pd.DataFrame:
@@ -98,9 +106,30 @@ def read_cells(paths: Iterable[str | Path], study: str, expected_ids: Iterable[s
             frames.append(frame)
         else:
             bad.append(f"{path}: {what}")
+    bad = bad or _same_pass_twice(frames, paths)
     if len(bad) == 1:
         raise BadCellError(f"bad cell CSV {bad[0]}; {REMEASURE}")
     if bad:
         raise BadCellError(f"{len(bad)} bad cell CSVs of study {study} (delete each and rerun the workflow to measure "
                            "those cells again):\n" + "\n".join(f"  {b}" for b in bad))  # fmt: skip
     return frames
+
+
+def _same_pass_twice(frames: list[pd.DataFrame], paths: list[Path]) -> list[str]:
+    """A cell's pass recorded in two files (one pass's CSV copied over another's), or a file holding rows
+    of two passes: the merge would fold its timed rows as passes of one cell, as it would a duplicated row."""
+    seen: dict[tuple[str, str], Path] = {}
+    out = []
+    for frame, path in zip(frames, paths):
+        if "pass_index" not in frame:
+            continue
+        if (passes := sorted(frame["pass_index"].dropna().astype(str).unique())) and len(passes) > 1:
+            out.append(f"{path}: rows of passes {', '.join(passes)}: a cell CSV holds one pass")
+            continue
+        timed = frame[timed_ok(frame)]
+        for key in dict.fromkeys(zip(timed["cell_id"].astype(str), timed["pass_index"].astype(str))):
+            if key in seen:
+                out.append(f"{path}: pass {key[1]} of cell {key[0]} again, as in {seen[key]}")
+            else:
+                seen[key] = path
+    return out

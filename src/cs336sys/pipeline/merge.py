@@ -13,6 +13,7 @@ the axes, so old and new runs compare cell by cell.
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from cs336sys.analysis.metrics import add_derived
 from cs336sys.analysis.passes import combine_passes
 from cs336sys.catalog import LM
 from cs336sys.pipeline.cellcheck import read_cells
-from cs336sys.rows import order_columns, read_rows
+from cs336sys.rows import BadRowsError, check_rows, order_columns, read_rows
 from cs336sys.studies import STUDIES, cell_id
 from cs336sys.studies import study as get_study
 
@@ -74,11 +75,31 @@ def derive(
     return add_derived(df, peak_overrides, flags, peak_gbps, shape=spec.attention_shape, lm=spec.kind == LM)
 
 
-def load_study(path: str | Path, study: str | None = None) -> pd.DataFrame:
-    """A merged study CSV, text columns as text, an old run's columns renamed (:func:`upgrade`)."""
-    df = read_rows(path)
+def load_study(path: str | Path, study: str | None = None, check: bool = False) -> pd.DataFrame:
+    """A merged study CSV, text columns as text, an old run's columns renamed (:func:`upgrade`).
+
+    A file that pandas cannot read as a CSV, or whose header repeats a column, is refused with
+    :class:`cs336sys.rows.BadRowsError` naming it. ``check``: its rows must keep the row contract
+    (:func:`cs336sys.rows.problems`), or the error names the file and each broken row. The readers of
+    runs that anyone may hand them check (a comparison and its gate, the handout page, the between-device
+    figures); the workflow's report reads what its merge just checked. A CSV that no ``study`` names,
+    whose name is no study's and that has no ``study`` column (a ``summary.csv``) is no study's: as read.
+    """
+    try:
+        df = read_rows(path)
+        with open(path, newline="", encoding="utf-8") as lines:
+            header = next(csv.reader(lines), [])
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, csv.Error) as exc:
+        raise BadRowsError(f"{path}: not a CSV ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})") from None
+    except OSError as exc:
+        raise BadRowsError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if twice := sorted({c for c in header if header.count(c) > 1}):  # pandas would read the first as the column
+        raise BadRowsError(f"{path}: column {', '.join(map(repr, twice))} appears more than once")
+    if study is None and "study" not in df and Path(path).stem not in STUDIES:
+        return df
     for column in ("error", "mode", "phase"):  # empty means "none" (a failure before any part), not NaN
         if column in df:
             df[column] = df[column].astype("object").fillna("")
     study = study or (str(df["study"].iloc[0]) if "study" in df and len(df) else None)
-    return upgrade(df, study) if study else df
+    df = upgrade(df, study) if study else df
+    return check_rows(df, path) if check else df

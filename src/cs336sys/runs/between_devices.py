@@ -19,7 +19,15 @@ both, and the figure is the largest of those, as a relative half-width ``exp(max
 (``MIN_ROWS`` rows at least, else no figure; the 95th percentile is kept beside it as ``q95_rel``).
 The largest, not a percentile: a comparison report holds a hundred rows or more, and a 95th
 percentile would call five of them slower on two machines that differ in nothing but the machine.
-So "slower across machines" means slower than any row of its class moved between two machines. The figures live in ``between_devices.yaml`` beside
+So "slower across machines" means slower than any row of its class moved between two machines.
+But never one row alone: a row flagged ``shared`` in either run (another run's jobs beside it, or
+no GPU lock: :func:`cs336sys.analysis.metrics.add_flags`) measured something besides the machine,
+and a row that moved more than :data:`CORROBORATE` times as far as any other row of its class (in
+log; in the committed H100 runs the largest move is at most 1.7 times the next) is an outlier;
+both are set aside, counted (``set_aside``) and named on stderr. One such row would otherwise
+widen every comparison of its class across two machines until nothing could be slower. A row
+that breaks the row contract (an ``inf`` median) is refused, naming its file, when the run is
+read. The figures live in ``between_devices.yaml`` beside
 this module (package data), with the runs they came from, and are recomputed when runs arrive:
 
     python -m cs336sys.runs.between_devices results/<run-1> results/<run-2> [...] --write
@@ -46,9 +54,11 @@ import pandas as pd
 import yaml
 
 from cs336sys.analysis.markdown import md_table
-from cs336sys.analysis.metrics import FLAG_DEFAULTS
+from cs336sys.analysis.metrics import FLAG_DEFAULTS, add_flags
 from cs336sys.analysis.passes import drift_class, pair_busy
 from cs336sys.fileio import write_text_atomic
+from cs336sys.pipeline.merge import load_study
+from cs336sys.rows import BadRowsError
 from cs336sys.runs.compare_setup import config_diff, load_config
 from cs336sys.runs.repeatability import EAGER, GPU_TIME, PAIRED, run_measures
 
@@ -56,6 +66,7 @@ FIGURES = Path(__file__).with_name("between_devices.yaml")
 QUANTILE = 0.95
 MIN_ROWS = 5
 MIN_GPU_BUSY = FLAG_DEFAULTS["min_gpu_busy"]  # the host_bound flag's threshold
+CORROBORATE = 2.0  # a class's largest move counts when another row of the class moved at least 1/CORROBORATE as far
 
 
 def row_class(measure: str, study: str, busy: object) -> str:
@@ -107,11 +118,12 @@ def classified(run_dir: Path) -> pd.DataFrame:
         key = rows[["study", "cell_id", "mode", "phase"]].astype(str).agg("|".join, axis=1)
         if measure == PAIRED:
             key = key + "|" + rows["pair_with"].astype(str)
+        shared = add_flags(rows).get("shared", pd.Series(False, index=rows.index)).fillna(False).astype(bool)
         frames.append(pd.DataFrame({
             "measure": measure, "study": rows["study"], "key": key, "value": pd.to_numeric(rows["value"], errors="coerce"),
             "low": pd.to_numeric(rows["low"], errors="coerce"), "high": pd.to_numeric(rows["high"], errors="coerce"),
-            "busy": busy, "machine": ";".join(sorted(machines(rows, "gpu"))), "host": ";".join(sorted(machines(rows, "host"))),
-            "device_name": ";".join(sorted(device_names(rows)))}))  # fmt: skip
+            "busy": busy, "shared": shared, "machine": ";".join(sorted(machines(rows, "gpu"))),
+            "host": ";".join(sorted(machines(rows, "host"))), "device_name": ";".join(sorted(device_names(rows)))}))  # fmt: skip
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -143,8 +155,17 @@ def _machine_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def check_run(run_dir: Path) -> None:
+    """Refuse a run whose study CSVs break the row contract (an ``inf`` median), naming the file and row."""
+    for path in sorted(Path(run_dir).glob("*.csv")):
+        if not path.name.startswith("."):
+            load_study(path, check=True)
+
+
 def estimate(runs: Sequence[Path]) -> dict[str, dict]:
     """Device name → its figures: every pair of ``runs`` on different devices of that name contributes."""
+    for run in runs:
+        check_run(Path(run))
     frames = {Path(r): classified(Path(r)) for r in runs}
     by_device: dict[str, list[pd.DataFrame]] = {}
     used: dict[str, set[Path]] = {}
@@ -156,17 +177,21 @@ def estimate(runs: Sequence[Path]) -> dict[str, dict]:
             print(f"between_devices: {ra.name} and {rb.name} ran different configs; not paired", file=sys.stderr)
             continue
         name = names.pop()
-        by_device.setdefault(name, []).append(paired_values(a, b))
+        by_device.setdefault(name, []).append(paired_values(a, b).assign(pair=f"{ra.name} vs {rb.name}"))
         used.setdefault(name, set()).update((ra, rb))
     out = {}
     for name, parts in by_device.items():
         diffs = pd.concat(parts, ignore_index=True)
         classes = {}
         for cls, part in diffs.groupby("class", sort=True):
-            q = np.abs(part["log_ratio"].to_numpy())
+            kept, aside = set_aside(part)
+            for why, row in aside:
+                print(f"between_devices: {name}, {cls}: set aside {row.key} ({row.pair}): {why}", file=sys.stderr)
+            q = np.abs(kept["log_ratio"].to_numpy())
             if len(q) >= MIN_ROWS:
                 classes[str(cls)] = {"rel": _round(math.expm1(float(q.max())), up=True),
                                      "q95_rel": _round(math.expm1(float(np.quantile(q, QUANTILE)))), "rows": int(len(q))}  # fmt: skip
+                classes[str(cls)] |= {"set_aside": len(aside)} if aside else {}
         run_names = sorted(used[name], key=str)
         out[name] = {
             "runs": [f"{r.name} ({';'.join(sorted(machines(_machine_rows(frames[r]))))})" for r in run_names],
@@ -175,6 +200,26 @@ def estimate(runs: Sequence[Path]) -> dict[str, dict]:
             "classes": classes,
         }
     return out
+
+
+def set_aside(part: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, object]]]:
+    """One class's rows (``paired_values``) without those that must not set its figure, and those, with why:
+    rows ``shared`` in either run, then while the largest move is more than :data:`CORROBORATE` times the
+    next, the largest (module doc)."""
+    shared = part["shared_a"].fillna(False).astype(bool) | part["shared_b"].fillna(False).astype(bool)
+    aside = [("shared in either run: another run's jobs beside it, or no GPU lock", r) for r in part[shared].itertuples()]
+    kept = part[~shared].assign(_move=np.abs(part.loc[~shared, "log_ratio"])).sort_values("_move", kind="stable")
+    while len(kept) >= 2 and kept["_move"].iloc[-1] > CORROBORATE * kept["_move"].iloc[-2]:
+        top = kept.iloc[-1]
+        aside.append(
+            (
+                f"moved {math.expm1(top['_move']):.3g}, more than {CORROBORATE:g}× any other row of its class "
+                f"({math.expm1(kept['_move'].iloc[-2]):.3g})",
+                next(kept.iloc[[-1]].itertuples()),
+            )
+        )
+        kept = kept.iloc[:-1]
+    return kept.drop(columns="_move"), aside
 
 
 def _round(x: float, up: bool = False) -> float:
@@ -268,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(md_table(coverage(a, b, figures), ".3g"), "\n")
             return 0
         figures = estimate(args.runs)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, BadRowsError) as err:  # BadRowsError: a run's CSV breaks the row contract, named
         print(f"between_devices: {err}", file=sys.stderr)
         return 2
     if not figures:

@@ -11,8 +11,9 @@ analysis layer: it reads CSVs and YAML only and never imports torch or the measu
 
 Verdicts: ``slower`` when b's interval lies entirely above a's, ``faster`` entirely below, ``same``
 when they overlap, ``n/a`` when an interval is unknown (older runs recorded none) or a status is not ok.
-Regressions (see :func:`regressions`): verdict ``slower`` with ratio > ``fail_above``, or a status
-change from ok to a failure (oom, error, timeout). Cells present in one run only are reported, not gated.
+The gate fails on more than slower rows: a row ok in a and not in b (or missing there), a study or a
+cell missing in b, a setting that shapes a measurement and differs (:mod:`cs336sys.runs.gate`). A CSV
+that breaks the row contract is refused, named, before anything is compared (``load_study``).
 
 Two runs that share no GPU: intervals widened by the between-device figures, host-bound rows that
 moved ``host-dependent`` (not gated); see :mod:`cs336sys.runs.compare_machines`.
@@ -36,48 +37,57 @@ from cs336sys.analysis.passes import HOST_PROBE
 from cs336sys.columns import GPU_TIME_PREFIX, timed_kind
 from cs336sys.fileio import atomic_path, write_text_atomic
 from cs336sys.pipeline.merge import load_study
+from cs336sys.rows import BadRowsError, problems
 from cs336sys.runs import compare_machines, compare_plot
 from cs336sys.runs.compare_machines import HOST_DEPENDENT, Machines, evidence, machines_of, machines_text, row_gpus
-from cs336sys.runs.compare_plot import cell_text, cells_md, md
+from cs336sys.runs.compare_plot import cell_text, cells_md, listed, md, texts_where
 from cs336sys.runs.compare_setup import config_diff, environment_diff, load_config
+from cs336sys.runs.gate import GATE_RULES, GateResult, evaluate, regressions, threshold
 from cs336sys.runs.html import report_page
 
 KEYS = ("cell_id", "mode", "phase")
-FAILED = frozenset({"oom", "error", "timeout", "wrong"})  # wrong: failed its float64 check
 VERDICTS = ("faster", "slower", HOST_DEPENDENT, "same", "n/a")
 COLUMNS = ["cell_id", "mode", "phase", "status_a", "status_b", "median_a_ms", "median_b_ms", "ratio", "ratio_low",
            "ratio_high", "verdict", "status_change", "only_in", "flags", "figure", "host_ratio", "gpu_ratio", "note",
-           *compare_machines.ENERGY_COLUMNS]  # fmt: skip
+           "b_lacks", *compare_machines.ENERGY_COLUMNS]  # fmt: skip
 
 
 @dataclass
 class ComparisonResult:
     table: pd.DataFrame  # compare_study's columns for every study, with a leading ``study`` column
     regressions: pd.DataFrame  # the rows of ``table`` that fail the gate (threshold 1.0 when ungated)
-    passed: bool  # no regressions, or no gate (fail_above None)
+    passed: bool  # nothing fails the gate (gate.GateResult), or no gate (fail_above None)
     report_path: Path
+    gate: GateResult | None = None  # what the gate found, when there is one
 
 
 def load_run(results_dir: Path) -> dict[str, pd.DataFrame]:
     """Study name → merged frame, from every ``<results_dir>/*.csv`` that has a ``study`` column.
 
-    Each file loads through ``tables.load_study``: an old run's columns (``ctx``, ``attn``, …) get the
-    current names and its cell ids are rebuilt; the environment columns come back as text (a commit
-    ``1234567`` or CUDA ``12.10`` must not turn into a number: ``rows.TEXT_COLUMNS``)."""
+    Each file loads through ``pipeline.merge.load_study``, checked against the row contract (a bad file is
+    refused, named): an old run's columns (``ctx``, ``attn``, …) get the current names and its cell ids
+    are rebuilt; the environment columns come back as text (a commit ``1234567`` or CUDA ``12.10`` must
+    not turn into a number: ``rows.TEXT_COLUMNS``). A study whose CSV holds no row is not in the result."""
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise FileNotFoundError(f"no run directory {results_dir}")
     parts: dict[str, list[pd.DataFrame]] = {}
+    sources: dict[str, list[Path]] = {}
     for path in sorted(results_dir.glob("*.csv")):
         if path.name.startswith("."):
             continue
-        df = load_study(path)
+        df = load_study(path, check=True)
         if "study" not in df.columns:
             continue
         df["study"] = df["study"].fillna(path.stem).astype(str)
         for name, group in df.groupby("study", sort=False):
             parts.setdefault(str(name), []).append(group)
-    return {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
+            sources.setdefault(str(name), []).append(path)
+    runs = {name: pd.concat(frames, ignore_index=True) for name, frames in parts.items()}
+    for name, paths in sources.items():  # two files, one study: a row in both would be compared once, unseen
+        if len(paths) > 1 and (twice := problems(runs[name])):
+            raise BadRowsError(f"rows of study {name} in {' and '.join(map(str, paths))} repeat each other: {twice[0]}")
+    return runs
 
 
 def _truthy(value: Any) -> bool:
@@ -118,25 +128,23 @@ def _expand_failures(side: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
 
     A cell that ran out of memory in training records one row (mode=train, no phase); the
     other run has its forward/backward/... rows. Without this they would not match at all.
+    Joined, not looped: a candidate whose every cell was skipped is as fast to compare as any.
     """
-    have = set(zip(*(side[k] for k in KEYS)))
-    rows = []
-    for _, row in side.iterrows():
-        if row["status"] == "ok" or (row["mode"] and row["phase"]):
-            rows.append(row)
-            continue
-        mask = other["cell_id"] == row["cell_id"]
-        for key in ("mode", "phase"):
-            if row[key]:
-                mask &= other[key] == row[key]
-        keys = [k for k in zip(*(other.loc[mask, k] for k in KEYS)) if k not in have]
-        if not keys:
-            rows.append(row)
-        for key in dict.fromkeys(keys):
-            copy = row.copy()
-            copy[list(KEYS)] = list(key)
-            rows.append(copy)
-    return pd.DataFrame(rows, columns=side.columns).drop_duplicates(list(KEYS), keep="first").reset_index(drop=True)
+    wide = ((side["status"] != "ok") & ((side["mode"] == "") | (side["phase"] == ""))).to_numpy()
+    if not wide.any():
+        return side
+    src = side.assign(_src=np.arange(len(side)), _sub=-1)
+    w = src[wide]
+    targets = other[list(KEYS)].drop_duplicates()
+    targets = targets.assign(_sub=np.arange(len(targets)))
+    cand = w.drop(columns=["mode", "phase", "_sub"]).merge(targets, on="cell_id")
+    own = w.set_index("_src")[["mode", "phase"]].reindex(cand["_src"]).to_numpy()
+    covers = ((own[:, 0] == "") | (own[:, 0] == cand["mode"].to_numpy())) & ((own[:, 1] == "") | (own[:, 1] == cand["phase"].to_numpy()))
+    cand = cand[covers].merge(side[list(KEYS)].drop_duplicates(), on=list(KEYS), how="left", indicator=True)
+    cand = cand[cand["_merge"] == "left_only"].drop(columns="_merge")  # keys this run has rows of keep their own
+    kept = src[~wide | ~src["_src"].isin(cand["_src"]).to_numpy()]
+    out = pd.concat([kept, cand[src.columns]], ignore_index=True).sort_values(["_src", "_sub"], kind="stable")
+    return out.drop(columns=["_src", "_sub"]).drop_duplicates(list(KEYS), keep="first").reset_index(drop=True)
 
 
 def compare_study(a: pd.DataFrame, b: pd.DataFrame, machines: Machines | None = None, study: str = "") -> pd.DataFrame:
@@ -172,6 +180,12 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame, machines: Machines | None = 
         x.where(~by_gpu_row, pd.Series(y, index=m.index)) for x, y in ((ratio, gpu_ratio), (r_low, gpu_low), (r_high, gpu_high))
     )
     only_in = np.select([m["_merge"] == "left_only", m["_merge"] == "right_only"], ["a", "b"], "")
+    # what b, ok where a is ok, lacks to be judged: today's code records both (the gate fails on it)
+    b_lacks = np.select(
+        [both_ok & med_b.isna(), both_ok & ~(m["has_ci_b"].eq(True) & m[["ci_low_ms_b", "ci_high_ms_b"]].notna().all(axis=1))],
+        ["median", "interval"],
+        "",
+    )
     present = m["_merge"] == "both"
     change = np.where(present & (m["status_a"] != m["status_b"]), m["status_a"].fillna("") + " → " + m["status_b"].fillna(""), "")
     flags = [
@@ -198,8 +212,8 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame, machines: Machines | None = 
             "no median recorded",
             "no interval recorded",
             "interval incomplete",
-            [evidence(h, g) for h, g in zip(host_ratio, gpu_ratio)],
-            [f"host-bound on two devices: judged by its GPU time (eager ratio {e:.3g})" for e in eager_ratio],
+            texts_where(verdict == HOST_DEPENDENT, evidence, host_ratio, gpu_ratio),
+            texts_where(by_gpu_row, lambda e: f"host-bound on two devices: judged by its GPU time (eager ratio {e:.3g})", eager_ratio),
         ],
         "",
     )
@@ -207,7 +221,8 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame, machines: Machines | None = 
         "cell_id": m["cell_id"], "mode": m["mode"], "phase": m["phase"], "status_a": m["status_a"],
         "status_b": m["status_b"], "median_a_ms": m["median_ms_a"], "median_b_ms": m["median_ms_b"], "ratio": ratio,
         "ratio_low": r_low, "ratio_high": r_high, "verdict": verdict, "status_change": change, "only_in": only_in,
-        "flags": flags, "figure": figure, "host_ratio": host_ratio, "gpu_ratio": gpu_ratio, "note": note, **compare_machines.energy_ratios(m)})  # fmt: skip
+        "flags": flags, "figure": figure, "host_ratio": host_ratio, "gpu_ratio": gpu_ratio, "note": note, "b_lacks": b_lacks,
+        **compare_machines.energy_ratios(m)})  # fmt: skip
     return out[COLUMNS]
 
 
@@ -218,14 +233,6 @@ def compare_runs(a: Mapping[str, pd.DataFrame], b: Mapping[str, pd.DataFrame], m
     empty = pd.DataFrame(columns=["study", "cell_id", "status"])
     tables = [compare_study(a.get(s, empty), b.get(s, empty), machines, s).assign(study=s) for s in sorted(set(a) | set(b))]
     return pd.concat([t[["study", *COLUMNS]] for t in tables], ignore_index=True) if tables else pd.DataFrame(columns=["study", *COLUMNS])
-
-
-def regressions(table: pd.DataFrame, fail_above: float) -> pd.DataFrame:
-    """Rows slower beyond their noise (verdict ``slower``) with median ratio > ``fail_above``,
-    plus rows whose status went from ok to a failure (oom, error, timeout)."""
-    slower = (table["verdict"] == "slower") & (table["ratio"] > fail_above)
-    broke = (table["status_a"] == "ok") & table["status_b"].isin(FAILED)
-    return table[slower | broke]
 
 
 def _study_section(study: str, t: pd.DataFrame, figure: str | None) -> list[str]:
@@ -245,27 +252,27 @@ def _study_section(study: str, t: pd.DataFrame, figure: str | None) -> list[str]
         ("faster", "Faster in b (intervals do not overlap; ratio < 1)"),
     ):
         rows = both[both["verdict"] == verdict].sort_values("ratio", ascending=verdict == "faster")
-        lines += [f"### {title}", "", cells_md(rows, ["flags"]) if len(rows) else "None.", ""]
+        lines += [f"### {title}", "", listed(rows, lambda r: cells_md(r, ["flags"])) if len(rows) else "None.", ""]
     hosted = both[both["verdict"] == HOST_DEPENDENT].sort_values("ratio")
     if len(hosted):
         lines += ["### Host-dependent (host-bound on two machines: moved with the host, not judged)", "",
-                  cells_md(hosted, ["note"]), ""]  # fmt: skip
+                  listed(hosted, lambda r: cells_md(r, ["note"])), ""]  # fmt: skip
     na = both[both["verdict"] == "n/a"]
     if len(na):
         reasons = na["note"].value_counts()
         lines += ["### Not judged (n/a)", ""] + [f"- {n} × {why}" for why, n in reasons.items()] + [""]
     joules = compare_machines.energy_table(both)
     if len(joules):
-        lines += ["### Energy per step (b / a)", "", compare_machines.ENERGY_TEXT, "", md(joules), ""]
+        lines += ["### Energy per step (b / a)", "", compare_machines.ENERGY_TEXT, "", listed(joules, md), ""]
     one = t[t["only_in"] != ""]
     lines += [
         "### Cells in one run only",
         "",
-        md(one[["cell_id", "mode", "phase", "only_in", "status_a", "status_b"]]) if len(one) else "None.",
+        listed(one[["cell_id", "mode", "phase", "only_in", "status_a", "status_b"]], md) if len(one) else "None.",
         "",
     ]
     changed = t[t["status_change"] != ""]
-    lines += ["### Status changes", "", md(changed[["cell_id", "mode", "phase", "status_change"]]) if len(changed) else "None.", ""]
+    lines += ["### Status changes", "", listed(changed[["cell_id", "mode", "phase", "status_change"]], md) if len(changed) else "None.", ""]
     if figure:
         lines += [f"![{study}: ratio b/a per cell]({figure})", ""]
     return lines
@@ -299,8 +306,9 @@ def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Pa
             compare_plot.close(fig)
             figure = f"figures/{study}_ratio.png"
         sections += _study_section(study, t, figure)
-    regs = regressions(table, 1.0 if fail_above is None else fail_above)
-    passed = fail_above is None or regs.empty
+    verdict = None if fail_above is None else evaluate((a_dir, b_dir), *runs, table, fail_above)
+    regs = regressions(table, 1.0) if verdict is None else verdict.rows
+    passed = verdict is None or verdict.passed
 
     lines = [
         f"# `{a_name}` vs `{b_name}`",
@@ -315,16 +323,15 @@ def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Pa
         "## Gate",
         "",
     ]
-    if fail_above is None:
-        lines += [f"Not gated (no fail-above threshold). {len(regs)} cell(s) slower beyond noise or newly failing.", ""]
+    if verdict is None:
+        lines += [f"Not gated (no fail-above threshold). {len(regs)} row(s) slower beyond noise, missing or no longer ok in b.", ""]
+        lines += [listed(regs, lambda r: cells_md(r, ["reason"])), ""] if len(regs) else []
     else:
         lines += [
-            f"Fail above {fail_above:g}: **{'passed' if passed else 'FAILED'}** — {len(regs)} regression(s) "
-            "(verdict slower with ratio above the threshold, or ok → oom/error/timeout).",
+            f"Fail above {fail_above:g}: **{'passed' if passed else 'FAILED'}** — {verdict.failures()} regression(s). {GATE_RULES}",
             "",
         ]
-    if len(regs):
-        lines += [cells_md(regs, ["status_change"]), ""]
+        lines += verdict.text() + [f"Not checked: {n}." for n in verdict.notes] + ([""] if verdict.notes else [])
     lines += ["## Environment", "", md(environment_diff(*runs)), "", "## Config", ""]
     cfgs = load_config(a_dir), load_config(b_dir)
     if None in cfgs:
@@ -338,19 +345,24 @@ def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Pa
     write_text_atomic(out_dir / "report.html", report_page([report], f"cs336sys comparison — {a_name} vs {b_name}"))
     with atomic_path(out_dir / "compare.csv") as tmp:
         table.to_csv(tmp, index=False)
-    return ComparisonResult(table=table, regressions=regs, passed=passed, report_path=report)
+    return ComparisonResult(table=table, regressions=regs, passed=passed, report_path=report, gate=verdict)
 
 
 def gate(run_dirs: Sequence[Path], names: Sequence[str], fail_above: float, out: Path) -> str | None:
-    """The gate alone (the workflow's ``compare_gate``): None, with a one-line pass written to ``out``,
-    when no cell regresses; otherwise the failure text listing each regression, and ``out`` not written."""
-    table = compare_runs(*(load_run(d) for d in _two(run_dirs, names)))
-    regs = regressions(table, fail_above)
+    """The gate alone (the workflow's ``compare_gate``): None, with a one-line pass written to ``out``, when
+    nothing fails it (:mod:`cs336sys.runs.gate`); otherwise the failure text listing each failure, and
+    ``out`` not written. A CSV that breaks the row contract raises :class:`cs336sys.rows.BadRowsError`."""
+    dirs = _two(run_dirs, names)
+    runs = load_run(dirs[0]), load_run(dirs[1])
+    table = compare_runs(*runs)
+    result = evaluate(dirs, *runs, table, fail_above)
     head = f"`{names[1]}` vs `{names[0]}` (baseline), fail above {fail_above:g}"
-    if regs.empty:
-        write_text_atomic(out, f"passed: {head}: {len(table)} row(s) compared, no regression\n")
+    if result.passed:
+        notes = "".join(f"; not checked: {n}" for n in result.notes)
+        judged = int((table["verdict"] != "n/a").sum())
+        write_text_atomic(out, f"passed: {head}: {len(table)} row(s) compared, {judged} judged, no regression{notes}\n")
         return None
-    return f"FAILED: {head}: {len(regs)} regression(s)\n{cells_md(regs, ['verdict', 'status_change'])}"
+    return "\n".join([f"FAILED: {head}: {result.failures()} regression(s). {GATE_RULES}", "", *result.text()]).rstrip()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -358,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("runs", nargs=2, type=Path, metavar="RUN_DIR", help="baseline, then candidate: results/<run>")
     parser.add_argument("--out", type=Path, help="output directory (default report/compare/<a>-vs-<b>)")
     parser.add_argument("--names", nargs=2, metavar=("A", "B"), help="run names (default: the directory names)")
-    parser.add_argument("--fail-above", type=float, help="exit 1 when a cell is slower beyond noise with ratio above this")
+    parser.add_argument("--fail-above", type=threshold, help=f"exit 1 when the gate fails at this ratio threshold: {GATE_RULES}")
     args = parser.parse_args(argv)
     names = args.names or [d.resolve().name for d in args.runs]
     out = args.out or Path("report/compare") / f"{names[0]}-vs-{names[1]}"
@@ -368,13 +380,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"compare: {err}", file=sys.stderr)
         return 2
     print(f"wrote {result.report_path}")
-    if result.regressions.empty:
-        print("no regressions" if args.fail_above is not None else "no cell slower beyond noise or newly failing")
-    else:
-        print(cells_md(result.regressions, ["status_change"]))
-    if not result.passed:
-        print(f"FAILED: {len(result.regressions)} regression(s) (fail above {args.fail_above:g})", file=sys.stderr)
+    if result.gate is not None and not result.passed:
+        print("\n".join(result.gate.text()).rstrip())
+        print(f"FAILED: {result.gate.failures()} regression(s) (fail above {args.fail_above:g})", file=sys.stderr)
         return 1
+    if result.regressions.empty:
+        print("no regressions" if args.fail_above is not None else "no cell slower beyond noise, missing or newly failing")
+    else:
+        print(listed(result.regressions, lambda r: cells_md(r, ["reason"])))
     return 0
 
 

@@ -40,11 +40,12 @@ class Machines:
 
     def rows_differ(self, gpus_a: pd.Series, gpus_b: pd.Series) -> np.ndarray:
         """Per row: measured on different GPUs in the two runs (each row's own GPUs, :func:`row_gpus`), else as the runs are."""
-        out = []
-        for ga, gb in zip(gpus_a.fillna(""), gpus_b.fillna("")):
-            sa, sb = set(str(ga).split(";")) - {""}, set(str(gb).split(";")) - {""}
-            out.append(not (sa & sb) if sa and sb else self.differ)
-        return np.array(out, dtype=bool)
+        ga, gb = gpus_a.fillna("").astype(str).to_numpy(), gpus_b.fillna("").astype(str).to_numpy()
+        out = np.where((ga == "") | (gb == ""), self.differ, ga != gb)  # one GPU each, the usual case: compared as text
+        for i in np.flatnonzero((np.char.find(ga.astype(str), ";") >= 0) | (np.char.find(gb.astype(str), ";") >= 0)):
+            sa, sb = set(ga[i].split(";")) - {""}, set(gb[i].split(";")) - {""}
+            out[i] = not (sa & sb) if sa and sb else self.differ
+        return out.astype(bool)
 
     def across(self, study: str, busy: np.ndarray, ratio, low, high, differ: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per row of a study: the between-device figure applied (nan: none), the ratio's interval widened by
