@@ -38,7 +38,8 @@ from workflow_helpers import DEMO as PRESET
 from workflow_helpers import DEMO_RUN as RUN
 from workflow_helpers import REPO, copy_repo
 
-pytestmark = pytest.mark.slurm
+# slow as well: it starts a cluster and a Snakemake run, which the fast lane's guard refuses
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 SCRIPT = REPO / "ci" / "local-slurm.sh"
 ACCOUNTING = os.environ.get("SLURM_LOCAL_ACCOUNTING", "1") != "0"
