@@ -19,6 +19,7 @@ import yaml
 from cell_kwargs import cell_kwargs
 from cs336sys import catalog
 from cs336sys import studies as S
+from cs336sys.measure.session import Session
 from cs336sys.models import attention as attn
 from cs336sys.pipeline.config import load_schema, validate_config
 from cs336sys.rows import Skip
@@ -242,7 +243,7 @@ def test_flash_cells_and_measurement_follow_each_lines_unsupported_rule():
     from cs336sys.studies.flash.measure import measure
 
     with pytest.raises(Skip, match="unsupported by the Triton tutorial kernel: seq_len 100"):
-        next(measure(CPU, {}, **cell_kwargs("flash", seq_len=100, head_dim=64, precision="bf16", impl="tutorial")))
+        next(measure(CPU, {}, Session(), **cell_kwargs("flash", seq_len=100, head_dim=64, precision="bf16", impl="tutorial")))
 
 
 def test_unknown_names_are_refused_naming_the_allowed_ones():

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from cell_kwargs import cell_kwargs
-from cs336sys import plugins
+from cs336sys import catalog, plugins
 from cs336sys.measure import correctness
 from cs336sys.measure.correctness import check_attention
+from cs336sys.measure.session import Session
 from cs336sys.models.attention import resolve, softmax_attention
 from cs336sys.rows import Wrong
 
@@ -52,14 +53,14 @@ def attention_cell(impl: str, **values) -> list[dict]:
     }
     from cs336sys.studies.attention import measure as attention
 
-    return list(attention.measure(CPU, {}, **cell_kwargs("attention", impl=impl, **values)))
+    return list(attention.measure(CPU, {}, Session(), **cell_kwargs("attention", impl=impl, **values)))
 
 
 def flash_cell(impl: str, **values) -> list[dict]:
     values = {"seq_len": 256, "head_dim": 16, "precision": "fp32", "num_heads": 2, "batch_size": 1, "causal": True, "rep_ms": 1.0, **values}
     from cs336sys.studies.flash import measure as flash
 
-    return list(flash.measure(CPU, {}, **cell_kwargs("flash", impl=impl, **values)))
+    return list(flash.measure(CPU, {}, Session(), **cell_kwargs("flash", impl=impl, **values)))
 
 
 # --- every tile ---------------------------------------------------------------------------------
@@ -83,12 +84,12 @@ def test_the_check_spans_three_tiles_of_every_common_width_with_a_ragged_last_on
 
 
 def test_right_kernels_pass_across_tiles():
-    course = resolve("eager", study="flash")[0]
+    course = resolve("eager", kind=catalog.FUSED)[0]
     for fn in (course, _adapter()):
         for causal in (True, False):
             errors = check_attention(fn, (2, 2, correctness.CHECK_SEQ, 16), "fp32", causal, CPU)
             assert max(errors.values()) < 1e-5
-    relu = resolve("eager", "relu", study="attention")[0]
+    relu = resolve("eager", "relu", kind=catalog.CORE)[0]
     assert check_attention(relu, (2, 1, correctness.CHECK_SEQ, 16), "fp32", True, CPU, activation="relu")["output"] < 1e-5
 
 
@@ -96,7 +97,7 @@ def _adapter():
     plugins.activate(
         {"path": str(FIXTURE), "attention": {"course": {"function": "tests.adapters:get_flashattention_autograd_function_pytorch"}}}
     )
-    return resolve("course", study="flash")[0]
+    return resolve("course", kind=catalog.FUSED)[0]
 
 
 # --- more than one call, the dtype and the shape -----------------------------------------------------
@@ -171,7 +172,7 @@ def test_a_kernel_wrong_only_at_the_cells_own_length_is_wrong():
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("activation", ["softmax", "relu"])
 def test_the_timed_output_check_passes_the_reference_and_finds_one_wrong_row(causal, activation):
-    fn = resolve("eager", activation, study="attention")[0]
+    fn = resolve("eager", activation, kind=catalog.CORE)[0]
     q, k, v = (torch.randn(2, 3, 700, 16) for _ in range(3))
     out = fn(q, k, v, is_causal=causal)
     assert correctness.check_timed_output(out, q, k, v, "fp32", causal, activation=activation) < 1e-6

@@ -11,6 +11,7 @@ import torch
 from cell_kwargs import cell_kwargs
 from cs336sys.measure import gpu_state
 from cs336sys.measure.busy import gpu_busy_share
+from cs336sys.measure.session import Policy, Session
 from cs336sys.measure.timing import StepClock, bench_stats
 from cs336sys.pipeline.cells import Cell, run_cell
 
@@ -67,8 +68,9 @@ def test_busy_share_separates_a_gpu_bound_step_from_a_launch_bound_one():
         for _ in range(200):
             small.add_(1)
 
-    assert gpu_busy_share(gpu_bound, device) > 0.9
-    assert gpu_busy_share(launch_bound, device) < gpu_busy_share(gpu_bound, device)
+    session = Session()
+    assert gpu_busy_share(gpu_bound, device, session) > 0.9
+    assert gpu_busy_share(launch_bound, device, session) < gpu_busy_share(gpu_bound, device, session)
 
 
 @pytest.mark.gpu
@@ -76,6 +78,6 @@ def test_gpu_state_reads_clocks_and_bench_stats_keeps_every_call():
     state = gpu_state.gpu_state(0)
     assert state["gpu_uuid"].startswith("GPU-") and int(state["sm_clock_mhz"]) > 0, state
     x = torch.randn(2048, 2048, device="cuda")
-    stats = bench_stats(lambda: x @ x, torch.device("cuda"), rep_ms=20, trials=2)
+    stats = bench_stats(lambda: x @ x, torch.device("cuda"), Session(Policy(trials=2)), rep_ms=20)
     assert stats.n > 10 and len(stats.trial_medians_ms) == 2
     assert stats.ci_low_ms <= stats.median_ms <= stats.ci_high_ms

@@ -88,7 +88,7 @@ def test_the_warm_worker_takes_a_run_name_and_the_replace_switch_checked(tmp_pat
     assert checked["replace"] is False  # only a JSON true asks for it
 
 
-def measure_until(device, context, marker, until):
+def measure_until(device, context, session, marker, until, **axes):
     """A measurement that lasts until the test says so (the file ``until``), after saying it started (``marker``)."""
     context["mode"] = "inference"
     Path(marker).touch()

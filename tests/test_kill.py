@@ -301,13 +301,13 @@ def test_remove_stale_temps_keeps_live_writers_and_other_files(tmp_path):
 
 
 # measurements run in the (forkserver) child, found there as "test_kill:<name>"
-def measure_part_then_hang(device, context):
+def measure_part_then_hang(device, context, session, **axes):
     context["mode"] = "train"
     time.sleep(60)
     yield {}  # pragma: no cover
 
 
-def measure_error_at_once(device, context):
+def measure_error_at_once(device, context, session, **axes):
     raise RuntimeError("broken before any part")
     yield {}  # pragma: no cover
 

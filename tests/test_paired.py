@@ -19,6 +19,7 @@ from cell_kwargs import cell_kwargs
 from cs336sys import studies as S
 from cs336sys.analysis.passes import combine_passes
 from cs336sys.measure.interleave import time_arms
+from cs336sys.measure.session import Policy, Session
 from cs336sys.measure.stats import log_t_interval, paired_ratio, ratio_interval, summarize_trials
 from cs336sys.measure.timing import STEP, time_steps
 
@@ -47,8 +48,8 @@ class DriftingHost:
 
 def test_paired_ratio_recovers_a_known_ratio_through_drift_that_hides_it_from_two_cells():
     host = DriftingHost({"a": 0.010, "b": 0.008})  # a is 1.25x b; the host swings ±40% every 3 s
-    result = time_arms({"a": host.step("a"), "b": host.step("b")}, warmup=1, block_steps=2, device=CPU, min_pairs=12,
-                       target_rel=0.0, clock=host.clock, sync=lambda d: None)  # fmt: skip
+    arms = {"a": host.step("a"), "b": host.step("b")}
+    result = time_arms(arms, Session(), warmup=1, block_steps=2, device=CPU, min_pairs=12, clock=host.clock, sync=lambda d: None)
     r = result.ratio("a", "b")
     assert r.n == 12 and r.low < 1.25 < r.high
     assert r.half_width_rel < 0.03  # drift cancels in the pairs
@@ -70,33 +71,34 @@ def test_interleaving_alternates_the_order_so_each_arm_leads_as_often():
 
         return run
 
-    time_arms({"a": step("a"), "b": step("b"), "c": step("c")}, warmup=0, block_steps=1, device=CPU, min_pairs=4,
-              target_rel=0.0, clock=lambda: now[0], sync=lambda d: None)  # fmt: skip
+    arms = {"a": step("a"), "b": step("b"), "c": step("c")}
+    time_arms(arms, Session(), warmup=0, block_steps=1, device=CPU, min_pairs=4, clock=lambda: now[0], sync=lambda d: None)
     assert order == list("abccbaabccba")
 
 
 def test_pairs_stop_at_the_target_or_at_the_budget_and_say_which():
     steady = DriftingHost({"a": 0.010, "b": 0.005}, swing=0.0)
-    done = time_arms({"a": steady.step("a"), "b": steady.step("b")}, warmup=0, block_steps=2, device=CPU, min_pairs=8,
-                     target_rel=0.05, max_measure_s=100, clock=steady.clock, sync=lambda d: None)  # fmt: skip
+    arms, session = {"a": steady.step("a"), "b": steady.step("b")}, Session(Policy(target_rel=0.05, max_measure_s=100))
+    done = time_arms(arms, session, warmup=0, block_steps=2, device=CPU, min_pairs=8, clock=steady.clock, sync=lambda d: None)
     assert done.stop_reason == "target" and done.pairs == 8
     wild = DriftingHost({"a": 0.010, "b": 0.005}, swing=0.0)
     wild.rng = np.random.default_rng(1)
     noisy = {"a": lambda c: setattr(wild, "now", wild.now + 0.010 * np.exp(wild.rng.normal(0, 1.0))), "b": wild.step("b")}
-    spent = time_arms(noisy, warmup=0, block_steps=1, device=CPU, min_pairs=8, target_rel=0.01, max_measure_s=0.5,
-                      clock=wild.clock, sync=lambda d: None)  # fmt: skip
+    policy = Policy(target_rel=0.01, max_measure_s=0.5)
+    spent = time_arms(
+        noisy, Session(), warmup=0, block_steps=1, device=CPU, min_pairs=8, policy=policy, clock=wild.clock, sync=lambda d: None
+    )
     assert spent.stop_reason == "budget" and spent.pairs >= 8
     assert sum(t.timed_s for t in spent.arms.values()) >= 0.5
 
 
 def test_a_noisy_single_cell_gets_more_trials_until_its_target_or_budget():
     host = DriftingHost({"a": 0.010}, swing=0.3, period_s=0.5)
-    t = time_steps(host.step("a"), warmup=0, steps=3, device=CPU, trials=1, target_rel=0.02, max_measure_s=1.0,
-                   clock=host.clock, sync=lambda d: None, state=None)  # fmt: skip
+    session = Session(Policy(target_rel=0.02, max_measure_s=1.0))
+    t = time_steps(host.step("a"), session, warmup=0, steps=3, device=CPU, clock=host.clock, sync=lambda d: None)
     assert t.phases[STEP].n > 3 and len(t.phases[STEP].trial_medians_ms) > 1
     assert t.stop_reason in ("target", "budget")
-    fixed = time_steps(host.step("a"), warmup=0, steps=3, device=CPU, trials=1, target_rel=0.0, clock=host.clock,
-                       sync=lambda d: None, state=None)  # fmt: skip
+    fixed = time_steps(host.step("a"), session, warmup=0, steps=3, device=CPU, policy=Policy(), clock=host.clock, sync=lambda d: None)
     assert fixed.stop_reason == "fixed" and fixed.phases[STEP].n == 3
 
 
@@ -119,16 +121,23 @@ def test_partners_come_from_the_study_pairs_and_the_grid():
 
 
 def test_an_e2e_cell_on_a_cpu_times_its_partners_and_says_why_it_has_no_gpu_time():
-    from cs336sys.measure import timing
     from cs336sys.studies.e2e.measure import NO_GRAPH_ON_CPU, measure
 
-    timing.configure(target_rel=0.2, max_measure_s=0.5)
-    try:
-        rows = list(measure(CPU, {}, **cell_kwargs("e2e", size="tiny", context_length=16, precision="fp32", impl="eager", warmup_steps=1,
-                                                   measure_steps=2, batch_size=1, vocab_size=100, partners=[{"cuda_graphs": True}, {"precision": "bf16"}],
-                                                   extra_sizes={"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2}})))  # fmt: skip
-    finally:
-        timing.configure(target_rel=0.0, max_measure_s=0.0)
+    tiny = {"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2}}
+    kwargs = cell_kwargs(
+        "e2e",
+        size="tiny",
+        context_length=16,
+        precision="fp32",
+        impl="eager",
+        warmup_steps=1,
+        measure_steps=2,
+        batch_size=1,
+        vocab_size=100,
+        partners=[{"cuda_graphs": True}, {"precision": "bf16"}],
+        extra_sizes=tiny,
+    )
+    rows = list(measure(CPU, {}, Session(Policy(target_rel=0.2, max_measure_s=0.5)), **kwargs))
     df = pd.DataFrame(rows)
     timed = df[df["kind"].isna()]
     assert set(timed["gpu_note"]) == {NO_GRAPH_ON_CPU} and "gpu_median_ms" not in df
@@ -202,7 +211,7 @@ def test_per_phase_graphs_add_up_to_the_step_and_match_the_graph_cell():
                   extra_sizes={})  # fmt: skip
     model, inputs, targets = cell.setup(device)
     steps = graphed_lm_steps(model, model, inputs, targets, "bf16", device, graph_optimizer("course", model))
-    t = time_steps(steps["train"], warmup=3, steps=30, device=device, trials=1, target_rel=0.0, min_warmup_s=0.5)
+    t = time_steps(steps["train"], Session(Policy(min_warmup_s=0.5)), warmup=3, steps=30, device=device)
     parts = sum(t.phases[p].median_ms for p in ("forward", "backward", "optimizer_step"))
     assert parts == pytest.approx(t.phases[STEP].median_ms, rel=0.05)  # the step adds only its two synchronisations
     for p in ("forward", "backward", "optimizer_step"):
@@ -211,17 +220,20 @@ def test_per_phase_graphs_add_up_to_the_step_and_match_the_graph_cell():
 
 @pytest.mark.gpu
 def test_an_eager_cell_on_a_gpu_reports_gpu_time_and_paired_ratios():
-    from cs336sys.measure import timing
     from cs336sys.studies.e2e.measure import measure
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    timing.configure(target_rel=0.05, max_measure_s=4)
-    try:
-        rows = list(measure(torch.device("cuda"), {}, **cell_kwargs("e2e", size="small", context_length=128, precision="fp32", impl="sdpa", batch_size=2,
-                                                                    partners=[{"cuda_graphs": True}, {"precision": "bf16"}])))  # fmt: skip
-    finally:
-        timing.configure(target_rel=0.0, max_measure_s=0.0)
+    kwargs = cell_kwargs(
+        "e2e",
+        size="small",
+        context_length=128,
+        precision="fp32",
+        impl="sdpa",
+        batch_size=2,
+        partners=[{"cuda_graphs": True}, {"precision": "bf16"}],
+    )
+    rows = list(measure(torch.device("cuda"), {}, Session(Policy(target_rel=0.05, max_measure_s=4)), **kwargs))
     df = pd.DataFrame(rows)
     timed = df[df["kind"].isna()]
     assert timed["gpu_median_ms"].notna().all()

@@ -22,6 +22,7 @@ import torch
 
 from cell_kwargs import cell_kwargs
 from cs336sys import studies as S
+from cs336sys.measure.session import Session
 from cs336sys.models.variants import tutorial_unsupported
 from cs336sys.pipeline.config import ConfigError, validate_config
 from cs336sys.rows import Skip
@@ -215,10 +216,10 @@ def test_measure_skips_unsupported_and_cpu_without_the_interpreter(monkeypatch):
 
     kwargs = dict(seq_len=128, head_dim=64, precision="bf16", impl="tutorial")
     with pytest.raises(Skip, match="unsupported by the Triton tutorial kernel: head_dim 16"):
-        next(measure(torch.device("cpu"), {}, **cell_kwargs("flash", **{**kwargs, "head_dim": 16})))
+        next(measure(torch.device("cpu"), {}, Session(), **cell_kwargs("flash", **{**kwargs, "head_dim": 16})))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(Skip, match="needs CUDA"):
-        next(measure(torch.device("cpu"), {}, **cell_kwargs("flash", **kwargs)))
+        next(measure(torch.device("cpu"), {}, Session(), **cell_kwargs("flash", **kwargs)))
 
 
 @runs_here
@@ -229,6 +230,7 @@ def test_measure_times_the_tutorial_cell():
         measure(
             torch.device(DEVICE),
             {},
+            Session(),
             **cell_kwargs("flash", seq_len=128, head_dim=32, precision="bf16", impl="tutorial", num_heads=2, rep_ms=1),
         )
     )

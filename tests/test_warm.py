@@ -212,8 +212,9 @@ from cs336sys.pipeline import warm
 failed = warm.preload()
 before, frozen = set(sys.modules), gc.get_freeze_count()
 if os.fork() == 0:  # a measuring child: one small e2e training step on the CPU
+    from cs336sys.measure.session import Session
     from cs336sys.studies.e2e.measure import measure
-    list(measure(torch.device("cpu"), {}, **json.loads(KWARGS)))
+    list(measure(torch.device("cpu"), {}, Session(), **json.loads(KWARGS)))
     print(json.dumps({"new": sorted(set(sys.modules) - before), "failed": failed, "frozen": frozen,
                       "cuda": torch.cuda.is_initialized()}), flush=True)
     os._exit(0)

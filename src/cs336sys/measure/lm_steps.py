@@ -18,7 +18,6 @@ import torch.nn.functional as F
 
 from cs336sys import plugins
 from cs336sys.measure import SEED, memory
-from cs336sys.measure.budget import counted
 from cs336sys.measure.timing import StepClock
 from cs336sys.models.dtypes import autocast, set_matmul_precision
 from cs336sys.models.model import TransformerLM
@@ -139,7 +138,6 @@ def graph_optimizer(name: str, model, eager: torch.optim.Optimizer | None = None
     return make_optimizer(name, model.parameters(), **({"capturable": True} if name == "fused" else {}))
 
 
-@counted("graph")
 def graphed_lm_steps(model, run_model, inputs, targets, precision: str, device: torch.device,
                      opt: torch.optim.Optimizer | None = None) -> dict:  # fmt: skip
     """Mode → step that replays one CUDA graph per phase: the GPU-bound time of each phase.
@@ -150,7 +148,8 @@ def graphed_lm_steps(model, run_model, inputs, targets, precision: str, device: 
     The phases sum to the step: the kernels are the eager step's, launched without Python
     or launch gaps between them. ``opt`` is the optimizer to capture (default: fused AdamW,
     capturable). Each mode is warmed up on a side stream before capture, as CUDA graphs
-    require. Raises RuntimeError when a mode cannot be captured (the caller records why).
+    require. Raises RuntimeError when a mode cannot be captured (the caller records why, and
+    counts the capture as the session's ``graph`` part).
     """
     opt = opt if opt is not None else make_optimizer("fused", model.parameters(), capturable=True)
     out: dict[str, torch.Tensor] = {}

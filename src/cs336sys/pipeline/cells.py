@@ -22,7 +22,7 @@ paths are exercised without a real GPU (``pipeline.faults``).
 Every row also says where its job's wall time went (``time_*_s``, ``cs336sys.columns``):
 start-up until the measurement began (the job's process, the warm worker's hand-off, the
 wait for a GPU, the child's fork, imports and CUDA context), the parts the measurement
-marked (``measure.budget``: check, warm-up, timed blocks, pairs, graph capture, energy
+marked (``measure.session``: check, warm-up, timed blocks, pairs, graph capture, energy
 blocks, profiling) and the rest. A child that died mid-measurement leaves its parts empty.
 """
 
@@ -105,9 +105,10 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
         os.environ[CACHE_DIR_ENV] = str(cache)  # the correctness check's verdicts (measure.checkcache)
 
-    from cs336sys.measure import budget, busy, gpu_state, host_probe, timing
+    from cs336sys.measure import gpu_state, host_probe
     from cs336sys.measure.env import environment, pick_device
     from cs336sys.measure.memory import cap_memory, release
+    from cs336sys.measure.session import Policy, Session
 
     context = _Context(conn)
     device = None
@@ -124,8 +125,8 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
             env.update({k: static[k] for k in ("gpu_index", "gpu_uuid", "max_sm_clock_mhz", "gpu_state_note")})
             env.update({k: v for k, v in gpu_state.host_state().items() if k != "load_avg_1m"})
         sampler = gpu_state.sample if device.type == "cuda" else gpu_state.host_load
-        timing.configure(**cell.timing, state=host_probe.with_probe(sampler, device))
-        busy.ENABLED = cell.pass_index == 0
+        # the busy share in a cell's first pass only: whether it is launch-bound does not change between passes
+        session = Session(Policy(**cell.timing), host_probe.with_probe(sampler, device), busy_share=cell.pass_index == 0)
         conn.send(("env", env))
         cap_memory(cell.memory_fraction, device)
         inject_fault(cell.cell_id, fault, OutOfMemoryError)
@@ -137,13 +138,12 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
             conn.send(("plugin_files", plugins.loaded_by_import(cell.plugins)))  # the job's code record names them too
         module, _, name = cell.target.partition(":")
         measure = getattr(importlib.import_module(module), name)
-        budget.reset()
         conn.send(("begun", time.monotonic()))  # the end of start-up (CLOCK_MONOTONIC: the job's clock too)
         try:
-            for row in measure(device=device, context=context, **cell.kwargs):
+            for row in measure(device=device, context=context, session=session, **cell.kwargs):
                 conn.send(("row", row))
         finally:  # before the outcome: the job stops listening once it has one
-            conn.send(("spent", budget.spent()))
+            conn.send(("spent", session.spent()))
             if cell.plugins and (note := plugins.unhashed_note(cell.plugins, user_files)):
                 print(f"cs336sys: warning: {note}", file=sys.stderr, flush=True)
                 conn.send(("env", {"plugin_note": note}))  # on every row, the failure's too

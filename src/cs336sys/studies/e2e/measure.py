@@ -21,17 +21,19 @@ timed in the process (``measure.busy``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from cs336sys.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND
-from cs336sys.measure import budget, energy, memory
+from cs336sys.measure import energy, memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.flops import lm_forward_flops, phase_flops
 from cs336sys.measure.interleave import ArmsTiming, time_arms
 from cs336sys.measure.lm_steps import LMCell, graph_optimizer, graphed_lm_steps, lm_steps
+from cs336sys.measure.session import Policy, Session
 from cs336sys.measure.timing import STEP, StepClock, Timing, merge_timings, time_steps, timing_rows
 from cs336sys.models.dtypes import set_matmul_precision
 from cs336sys.models.optim import make_optimizer
@@ -47,6 +49,7 @@ NO_GRAPH_ON_CPU = "GPU time needs CUDA graphs (a CUDA device)"
 def measure(
     device: torch.device,
     context: dict,
+    session: Session,
     *,
     compile: bool,
     cuda_graphs: bool,
@@ -75,7 +78,8 @@ def measure(
     opt = None
     if cuda_graphs:
         try:
-            own = graphed_lm_steps(model, run_model, inputs, targets, precision, device, graph_optimizer(optimizer, model))
+            with session.part("graph"):
+                own = graphed_lm_steps(model, run_model, inputs, targets, precision, device, graph_optimizer(optimizer, model))
         except RuntimeError as exc:
             if isinstance(exc, torch.OutOfMemoryError):
                 raise
@@ -97,29 +101,24 @@ def measure(
     alone: dict[str, tuple[Timing, dict[str, Any]]] = {}
     paired: dict[str, ArmsTiming] = {}
     notes: dict[str, str] = {}
+    steps, policy, metered = _first_blocks(session.policy, measure_steps, block_steps, bool(partners), device)
     try:
         for mode in run:
             context["mode"] = mode
             memory.reset_peak(device)
-            # With partners, the interleaved blocks below sample until the target and this first block
-            # only needs one block (peak memory); alone, it is the cell's measurement.
-            first = {"steps": block_steps, "target_rel": 0.0, "min_measure_s": 0.0} if partners else {"steps": measure_steps}
-            metered = partners and device.type == "cuda"
-            if metered:  # interleaved blocks are not metered: two blocks long enough for the energy meter (measure.energy)
-                first.update(trials=ENERGY_BLOCKS, min_measure_s=energy.MIN_BLOCK_S)
-            with budget.part("energy") if metered else contextlib.nullcontext():
-                timing = time_steps(own[mode], warmup=warmup_steps, device=device, **first)
+            with session.part("energy") if metered else contextlib.nullcontext():
+                timing = time_steps(own[mode], session, warmup=warmup_steps, steps=steps, device=device, policy=policy)
             extra = {"peak_mem_bytes": memory.peak_allocated_bytes(device)}
             if mode == "train":
                 extra["mem_before_bwd_bytes"] = memory_log.get("before_backward")
             alone[mode] = (timing, extra)
         # 2. The arms timed beside it, interleaved: the CUDA-graph replay of the same step and the partners.
-        arms, notes = _arms(own, cuda_graphs, partners, device, cell, model, run_model, inputs, targets, opt)
+        arms, notes = _arms(own, cuda_graphs, partners, device, session, cell, model, run_model, inputs, targets, opt)
         for mode in run:
             context["mode"] = mode
             if len(arms) > 1:
                 mode_arms = {name: steps[mode] for name, steps in arms.items()}  # the own arm is warm from its first block
-                paired[mode] = time_arms(mode_arms, warmup=warmup_steps, block_steps=block_steps, device=device, warm=(OWN,))
+                paired[mode] = time_arms(mode_arms, session, warmup=warmup_steps, block_steps=block_steps, device=device, warm=(OWN,))
     except torch.OutOfMemoryError:
         # a mode measured before the one that ran out keeps its rows; the runner records the OOM of this one
         failed = context.get("mode")
@@ -131,15 +130,30 @@ def measure(
         context["mode"] = failed
         raise
     # 3. The busy share last: the profiler leaves CUPTI attached to the process (kineto tears it down only with
-    #    TEARDOWN_CUPTI=1), and every launch after it ran 10-45% slower on the H100 (timing.check_not_profiled).
+    #    TEARDOWN_CUPTI=1), and every launch after it ran 10-45% slower on the H100 (Session.check_not_profiled).
     for mode in run:
         context["mode"] = mode
-        busy = gpu_busy_share(own[mode], device)
-        alone[mode][1].update(gpu_busy_frac=busy, gpu_busy_note=busy_note(busy, device))
+        busy = gpu_busy_share(own[mode], device, session)
+        alone[mode][1].update(gpu_busy_frac=busy, gpu_busy_note=busy_note(busy, device, session))
     for mode in run:
         context["mode"] = mode
         yield from _mode_rows(mode, alone[mode], paired.get(mode), notes, common, fwd)
     memory.release(device)
+
+
+def _first_blocks(policy: Policy, measure_steps: int, block_steps: int | None, partners: bool, device: torch.device):
+    """(steps per block, policy, metered) of the cell's own blocks timed alone, before any partner.
+
+    Alone, they are the cell's measurement. With partners, the interleaved blocks sample until the target
+    and these only need one block (peak memory); on a GPU two, each long enough for the energy meter: the
+    interleaved blocks are not metered (``measure.energy``).
+    """
+    if not partners:
+        return measure_steps, policy, False
+    policy = dataclasses.replace(policy, target_rel=0.0, min_measure_s=0.0)
+    if device.type != "cuda":
+        return block_steps, policy, False
+    return block_steps, dataclasses.replace(policy, trials=ENERGY_BLOCKS, min_measure_s=energy.MIN_BLOCK_S), True
 
 
 def _mode_rows(mode: str, alone: tuple[Timing, dict[str, Any]], result: ArmsTiming | None, notes: Mapping[str, str],
@@ -184,7 +198,7 @@ def _pair_rows(result, mode: str, optimizer: str) -> Iterator[dict[str, Any]]:
                    "stop_reason": result.stop_reason, "optimizer": optimizer, "pair_note": ""}  # fmt: skip
 
 
-def _arms(own, cuda_graphs, partners, device, cell: LMCell, model, run_model, inputs, targets,
+def _arms(own, cuda_graphs, partners, device, session: Session, cell: LMCell, model, run_model, inputs, targets,
           opt) -> tuple[dict[str, dict[str, Callable[[StepClock], None]]], dict[str, str]]:  # fmt: skip
     """Arm name → mode → step; and arm name → why it could not be built (its rows say so)."""
     precision, optimizer = cell.precision, cell.optimizer
@@ -195,7 +209,10 @@ def _arms(own, cuda_graphs, partners, device, cell: LMCell, model, run_model, in
             notes[GRAPH] = NO_GRAPH_ON_CPU
         else:
             try:
-                arms[GRAPH] = graphed_lm_steps(model, run_model, inputs, targets, precision, device, graph_optimizer(optimizer, model, opt))
+                with session.part("graph"):
+                    arms[GRAPH] = graphed_lm_steps(
+                        model, run_model, inputs, targets, precision, device, graph_optimizer(optimizer, model, opt)
+                    )
             except (RuntimeError, torch.OutOfMemoryError) as exc:  # OOM is a RuntimeError: the eager rows still stand
                 memory.release(device)
                 why = "out of memory beside the eager step" if isinstance(exc, torch.OutOfMemoryError) else str(exc).splitlines()[0][:200]
