@@ -9,7 +9,6 @@ import time
 import pytest
 
 from cs336sys.pipeline import eta
-from cs336sys.studies import study
 
 
 def _csv(path, job_s=None, started=None, finished=None, mtime=None):
@@ -54,7 +53,7 @@ def test_before_any_cell_the_estimate_is_the_previous_run_or_the_study_estimate(
     plan, _ = run
     p = eta.progress(plan)
     assert (p.done, p.total, p.measured_s) == (0, 5, 0.0)
-    assert p.left_s == 30 + 34 + 33 + 12 + study("profile").estimate_s
+    assert p.left_s == 30 + 34 + 33 + 12 + eta.STUDY_ESTIMATE_S["profile"]
     assert p.sources == {"a previous run's": ["e2e", "flash"], "estimates for": ["profile"]}
 
 

@@ -5,7 +5,7 @@ cell job it will run (study, CSV, the duration of that job's previous result whe
 and how many cells measure at once. After each cell job, the job reads the plan and the CSVs
 written since the plan (:func:`progress`): a study's jobs left take the mean wall time of its
 jobs finished in this invocation; a study with none finished yet, each job's previous duration,
-else the study's estimate (``Study.estimate_s``). The estimate over the jobs left is divided
+else the study's estimate (``pipeline.priorities``). The estimate over the jobs left is divided
 by the cells measured at once. A job's duration is its rows' ``time_job_s`` (its process start to
 its rows), or, for rows without it, its measuring process's span.
 
@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cs336sys.fileio import write_text_atomic
-from cs336sys.pipeline.priorities import measured_s
-from cs336sys.studies import study
+from cs336sys.pipeline.priorities import DEFAULT_ESTIMATE_S, STUDY_ESTIMATE_S, measured_s
 
 EVERY = 5  # cell jobs between two estimates (and the last one)
 SAMPLE = 50  # a study's latest jobs whose CSVs are read for its mean (a full grid has thousands)
@@ -85,20 +84,20 @@ def progress(plan_path: str | os.PathLike, every: int | None = None) -> Progress
     if every is not None and not due(n_done, len(jobs), every):
         return None
     mean: dict[str, float] = {}
-    for name, files in finished.items():
+    for study, files in finished.items():
         seconds = [s for _, f in sorted(files)[-SAMPLE:] if (s := job_seconds(f)) is not None]
-        mean[name] = sum(seconds) / len(seconds) if seconds else 0.0
+        mean[study] = sum(seconds) / len(seconds) if seconds else 0.0
     estimate, sources = 0.0, {}
-    for name, todo in left.items():
-        if finished.get(name):
-            source, seconds = "this run's", len(todo) * mean[name]
+    for study, todo in left.items():
+        if finished.get(study):
+            source, seconds = "this run's", len(todo) * mean[study]
         elif all(j.get("previous_s") is not None for j in todo):
             source, seconds = "a previous run's", sum(float(j["previous_s"]) for j in todo)
         else:
             source = "estimates for"
-            seconds = sum(float(j.get("previous_s") or study(name).estimate_s) for j in todo)
+            seconds = sum(float(j.get("previous_s") or STUDY_ESTIMATE_S.get(study, DEFAULT_ESTIMATE_S)) for j in todo)
         estimate += seconds
-        sources.setdefault(source, []).append(name)
+        sources.setdefault(source, []).append(study)
     measured = sum(mean[s] * len(f) for s, f in finished.items())
     return Progress(n_done, len(jobs), measured, estimate / max(at_once, 1), sources)
 
