@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cs336sys import plugins
+from cs336sys import catalog, plugins
 from cs336sys.measure import CACHE_DIR_ENV
 from cs336sys.measure.correctness import check_implementation, check_shape
 from cs336sys.models.attention import resolve, softmax_attention
@@ -62,7 +62,7 @@ def test_a_verdict_is_kept_per_code_and_shape_class_and_an_edit_checks_again(tmp
 
 def test_a_wrong_verdict_is_kept_with_its_message(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
-    fn, calls = _counting(resolve("eager", study="attention")[0])
+    fn, calls = _counting(resolve("eager", kind=catalog.CORE)[0])
     wrong = lambda q, k, v, is_causal=False: 2 * fn(q, k, v, is_causal)  # noqa: E731
     for _ in range(2):
         with pytest.raises(Wrong, match="wrong (output|dq) against"):

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from cs336sys import studies as S
 from cs336sys.pipeline import eta
 
 
@@ -39,7 +40,8 @@ def run(tmp_path, monkeypatch):
         "profile/p": cells / "profile/cells/p.csv",
     }
     plan = tmp_path / "logs" / "r" / "sweep-plan.json"
-    eta.write_plan(plan, [(key.split("/")[0], str(path.relative_to(tmp_path))) for key, path in csvs.items()])
+    jobs = [(key.split("/")[0], str(path.relative_to(tmp_path)), S.study(key.split("/")[0]).estimate_s) for key, path in csvs.items()]
+    eta.write_plan(plan, jobs)
     return plan, csvs
 
 
@@ -53,7 +55,7 @@ def test_before_any_cell_the_estimate_is_the_previous_run_or_the_study_estimate(
     plan, _ = run
     p = eta.progress(plan)
     assert (p.done, p.total, p.measured_s) == (0, 5, 0.0)
-    assert p.left_s == 30 + 34 + 33 + 12 + eta.STUDY_ESTIMATE_S["profile"]
+    assert p.left_s == 30 + 34 + 33 + 12 + S.study("profile").estimate_s
     assert p.sources == {"a previous run's": ["e2e", "flash"], "estimates for": ["profile"]}
 
 
@@ -73,7 +75,7 @@ def test_finished_cells_of_this_run_set_their_study_mean(run):
 def test_several_gpus_share_what_is_left(run, tmp_path):
     _, csvs = run
     plan = tmp_path / "two.json"
-    eta.write_plan(plan, [("e2e", str(csvs["e2e/b"])), ("e2e", str(csvs["e2e/c"]))], at_once=2)
+    eta.write_plan(plan, [("e2e", str(csvs["e2e/b"]), 30.0), ("e2e", str(csvs["e2e/c"]), 30.0)], at_once=2)
     assert eta.progress(plan).left_s == (34 + 33) / 2
 
 
@@ -92,7 +94,7 @@ def test_an_estimate_every_few_cells_and_at_the_end(run, capsys):
 
 def test_a_plan_that_cannot_be_written_only_costs_the_estimate(tmp_path, capsys):
     (tmp_path / "file").write_text("")
-    eta.write_plan(tmp_path / "file" / "plan.json", [("e2e", "x.csv")])  # under a file: no folder can be made
+    eta.write_plan(tmp_path / "file" / "plan.json", [("e2e", "x.csv", 30.0)])  # under a file: no folder can be made
     assert "no estimate of the time left" in capsys.readouterr().err
 
 

@@ -156,12 +156,16 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def study_lists(path: Path, names: set[str]) -> list[str]:
-    """``line: names`` of each tuple, list or set display (or dict display's keys) spelling two or more study ``names``."""
+    """``line: names`` of each tuple, list or set display (or dict display's keys) spelling two or more study ``names``
+    that make up at least half of its strings."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         items = node.keys if isinstance(node, ast.Dict) else node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else []
-        named = [n.value for n in items if isinstance(n, ast.Constant) and n.value in names]
-        if len(named) >= 2:
+        strings = [n.value for n in items if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        named = [v for v in strings if v in names]
+        # a list of studies is mostly study names; a list of other things may share a word or two with them
+        # (the time parts `warmup` and `profile` of a job)
+        if len(named) >= 2 and 2 * len(named) >= len(strings):
             found.append(f"{node.lineno}: {named}")
     return found
 
@@ -242,7 +246,9 @@ def test_no_module_outside_a_studys_folder_lists_studies():
 
 def test_the_study_list_walker_sees_tuples_lists_sets_and_dict_keys(tmp_path):
     path = tmp_path / "energy.py"
-    path.write_text('LM = ("e2e", "warmup")\nX = {"e2e": 1, "flash": 2}\nY = ["mha"]\nZ = {"attention", "x", "flash"}\n')
+    path.write_text(
+        'LM = ("e2e", "warmup")\nX = {"e2e": 1, "flash": 2}\nY = ["mha"]\nZ = {"attention", "x", "flash"}\nT = ("a", "b", "warmup", "c", "profile")\n'
+    )
     assert study_lists(path, {"e2e", "warmup", "flash", "mha", "attention"}) == [
         "1: ['e2e', 'warmup']",
         "2: ['e2e', 'flash']",

@@ -101,4 +101,4 @@ def test_a_new_lm_studys_rows_say_which_model_ran(toylm):
     from cs336sys.pipeline.cells import Cell, _finish
 
     cell = Cell("toylm", "c", {"impl": "eager"}, "cs336sys.studies.toylm.measure:measure")
-    assert _finish(cell, {}, [{"phase": "step"}], None, {})[0]["model"] == "cs336sys"
+    assert _finish(cell, {}, [{"phase": "step"}], None, {}, {"job": 0.0})[0]["model"] == "cs336sys"

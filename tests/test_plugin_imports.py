@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cs336sys import plugins
+from cs336sys import catalog, plugins
 from cs336sys import studies as S
 from cs336sys.pipeline.config import validate_config
 from cs336sys.pipeline.config_file import ConfigError
@@ -123,7 +123,7 @@ def test_a_helper_imported_only_when_called_is_named_on_the_rows(tmp_path):
     (tmp_path / f"{late}.py").write_text("SCALE = 1\n")
     source = f"import importlib\n\ndef attention(q, k, v, is_causal=False):\n    importlib.import_module({late!r})\n    return q\n"
     section = plugins.activate(config_with(tmp_path, write_plugin(tmp_path, source))["plugins"])
-    cell = plugins.cell_plugins("attention", {"impl": "mine"}, section)
+    cell = plugins.cell_plugins(catalog.CORE, {"impl": "mine"}, section)
     before = plugins.preload(cell)
     assert plugins.unhashed_note(cell, before) == ""
     q = torch.zeros(1, 4, 2)
@@ -136,7 +136,7 @@ def test_a_helper_imported_only_when_called_is_named_on_the_rows(tmp_path):
 def test_the_measuring_child_refuses_a_plugin_that_exits_at_import_by_its_key(tmp_path):
     section = plugins.activate(config_with(tmp_path, write_plugin(tmp_path, "raise SystemExit(3)\n"))["plugins"])
     with pytest.raises(ConfigError, match=r"plugins\.attention\.mine\.function.*SystemExit: sys.exit\(3\)"):
-        plugins.preload(plugins.cell_plugins("attention", {"impl": "mine"}, section))
+        plugins.preload(plugins.cell_plugins(catalog.CORE, {"impl": "mine"}, section))
 
 
 def test_the_time_limit_is_a_setting_with_a_default_that_changes_no_measurement(tmp_path):

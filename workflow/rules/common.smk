@@ -66,7 +66,7 @@ def measures_cells() -> bool:
 def write_sweep_plan():
     """The cell jobs this invocation runs, for the estimate of the time left that the jobs print (pipeline.eta)."""
     cells = [
-        (CELL_RULES[job.rule.name], job.output[0])
+        (CELL_RULES[job.rule.name], job.output[0], S.study(CELL_RULES[job.rule.name]).estimate_s)
         for job in workflow.dag.needrun_jobs()
         if job.rule.name in CELL_RULES
     ]

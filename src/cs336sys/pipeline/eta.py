@@ -5,7 +5,7 @@ cell job it will run (study, CSV, the duration of that job's previous result whe
 and how many cells measure at once. After each cell job, the job reads the plan and the CSVs
 written since the plan (:func:`progress`): a study's jobs left take the mean wall time of its
 jobs finished in this invocation; a study with none finished yet, each job's previous duration,
-else the study's estimate (``pipeline.priorities``). The estimate over the jobs left is divided
+else the study's estimate (``Study.estimate_s``, written into the plan). The estimate over the jobs left is divided
 by the cells measured at once. A job's duration is its rows' ``time_job_s`` (its process start to
 its rows), or, for rows without it, its measuring process's span.
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cs336sys.fileio import write_text_atomic
-from cs336sys.pipeline.priorities import DEFAULT_ESTIMATE_S, STUDY_ESTIMATE_S, measured_s
+from cs336sys.pipeline.priorities import measured_s
 
 EVERY = 5  # cell jobs between two estimates (and the last one)
 SAMPLE = 50  # a study's latest jobs whose CSVs are read for its mean (a full grid has thousands)
@@ -44,9 +44,13 @@ def job_seconds(path: str | os.PathLike) -> float | None:
     return measured_s(path)  # rows from before the time columns
 
 
-def write_plan(path: str | os.PathLike, jobs: Iterable[tuple[str, str]], at_once: int = 1) -> None:
-    """The plan of the cell jobs (study, CSV path) this invocation runs, with each CSV's previous duration; never raises."""
-    planned = [{"study": study, "csv": str(out), "previous_s": job_seconds(out) if Path(out).is_file() else None} for study, out in jobs]
+def write_plan(path: str | os.PathLike, jobs: Iterable[tuple[str, str, float]], at_once: int = 1) -> None:
+    """The plan of the cell jobs (study, CSV path, the study's estimate in seconds) this invocation runs, with each
+    CSV's previous duration; never raises."""
+    planned = [
+        {"study": study, "csv": str(out), "estimate_s": estimate, "previous_s": job_seconds(out) if Path(out).is_file() else None}
+        for study, out, estimate in jobs
+    ]
     try:
         write_text_atomic(path, json.dumps({"started": time.time(), "at_once": max(int(at_once or 1), 1), "jobs": planned}))
     except OSError as exc:  # the sweep runs on; it only goes without an estimate of the time left
@@ -95,7 +99,7 @@ def progress(plan_path: str | os.PathLike, every: int | None = None) -> Progress
             source, seconds = "a previous run's", sum(float(j["previous_s"]) for j in todo)
         else:
             source = "estimates for"
-            seconds = sum(float(j.get("previous_s") or STUDY_ESTIMATE_S.get(study, DEFAULT_ESTIMATE_S)) for j in todo)
+            seconds = sum(float(j.get("previous_s") or j.get("estimate_s") or 0.0) for j in todo)
         estimate += seconds
         sources.setdefault(source, []).append(study)
     measured = sum(mean[s] * len(f) for s, f in finished.items())
