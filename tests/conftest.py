@@ -75,7 +75,9 @@ def _no_process_starts(test: str):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    if item.get_closest_marker("slow") is not None:
+    # GPU tests run on the GPU machine only (`-m gpu`), never in the CPU fast lane; Triton's compiler
+    # starts ptxas there
+    if item.get_closest_marker("slow") is not None or item.get_closest_marker("gpu") is not None:
         yield
         return
     with _no_process_starts(item.nodeid):

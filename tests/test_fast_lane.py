@@ -30,8 +30,8 @@ def test_a_process_start_fails_the_test_and_says_what_to_do(start):
     assert os.fork is before
 
 
-def _protocol(marker):
-    item = SimpleNamespace(nodeid="t", get_closest_marker=lambda name: marker if name == "slow" else None)
+def _protocol(marker, name_of_marker="slow"):
+    item = SimpleNamespace(nodeid="t", get_closest_marker=lambda name: marker if name == name_of_marker else None)
     hook = conftest.pytest_runtest_protocol(item, None)
     next(hook)  # the test runs here
     return hook
@@ -48,3 +48,11 @@ def test_only_tests_not_marked_slow_are_guarded():
     assert os.fork is before
     with pytest.raises(StopIteration):
         next(slow)
+
+
+def test_gpu_tests_are_not_guarded_they_run_on_the_gpu_machine_only():
+    before = os.fork  # Triton's compiler starts ptxas there: a guarded GPU test failed on the H200
+    gpu = _protocol(pytest.mark.gpu, "gpu")
+    assert os.fork is before
+    with pytest.raises(StopIteration):
+        next(gpu)
