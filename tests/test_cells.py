@@ -194,9 +194,7 @@ def test_skip_raised_by_measurement_becomes_skipped():
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
 def test_cuda_cell_on_a_machine_without_cuda_is_skipped_with_the_reason():
-    cell = make_cell()
-    cell.device = "cuda"
-    rows = run_cell(cell)
+    rows = run_cell(dataclasses.replace(make_cell(), device="cuda"))
     assert [r["status"] for r in rows] == ["skipped"]
     assert "CUDA" in rows[0]["error"]
     assert rows[0]["device"] == "cuda"
@@ -238,9 +236,7 @@ def test_child_exiting_without_reporting_is_an_error_with_its_exit_code():
 
 @pytest.mark.slow
 def test_unimportable_target_is_an_error_row():
-    cell = make_cell()
-    cell.target = "cs336sys.no_such_module:measure"
-    rows = run_cell(cell)
+    rows = run_cell(dataclasses.replace(make_cell(), target="cs336sys.no_such_module:measure"))
     assert [r["status"] for r in rows] == ["error"]
     assert "no_such_module" in rows[0]["error"]
 

@@ -22,7 +22,7 @@ def _attention_cell(memory_fraction):
     kwargs = cell_kwargs("attention", d_model=64, seq_len=8192, activation="softmax", impl="eager", causal=True,
                          precision="fp32", batch_size=8, warmup_steps=1, measure_steps=2)  # fmt: skip
     return Cell("attention", "cap", {"seq_len": 8192}, "cs336sys.studies.attention.measure:measure", kwargs,
-                device="cuda", timeout_s=300, memory_fraction=memory_fraction, timing={"trials": 1})  # fmt: skip
+                device="cuda", timeout_s=300, memory_fraction=memory_fraction)  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -40,7 +40,7 @@ def test_memory_cap_turns_a_cell_that_fits_into_oom():
 def test_cuda_graph_cell_replays_one_graph_per_phase():
     kwargs = cell_kwargs("e2e", size="tiny", context_length=128, precision="bf16", impl="sdpa", compile=False, cuda_graphs=True,
                          warmup_steps=2, measure_steps=5, batch_size=4, vocab_size=1000, extra_sizes=TINY)  # fmt: skip
-    cell = Cell("e2e", "graphs", {}, "cs336sys.studies.e2e.measure:measure", kwargs, device="cuda", timeout_s=300, timing={"trials": 2})
+    cell = Cell("e2e", "graphs", {}, "cs336sys.studies.e2e.measure:measure", kwargs, device="cuda", timeout_s=300, policy=Policy(trials=2))
     rows = pd.DataFrame(run_cell(cell))
     assert set(rows["status"]) == {"ok"}, rows["error"].tolist()
     phases = rows.groupby("mode")["phase"].agg(set).to_dict()

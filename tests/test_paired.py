@@ -16,12 +16,13 @@ import pytest
 import torch
 
 from cell_kwargs import cell_kwargs
-from cs336sys import studies as S
 from cs336sys.analysis.passes import combine_passes
+from cs336sys.catalog import BUILT_IN
 from cs336sys.measure.interleave import time_arms
 from cs336sys.measure.session import Policy, Session
 from cs336sys.measure.stats import log_t_interval, paired_ratio, ratio_interval, summarize_trials
 from cs336sys.measure.timing import STEP, time_steps
+from cs336sys.pipeline import plan
 
 CPU = torch.device("cpu")
 
@@ -114,10 +115,10 @@ def test_partners_come_from_the_study_pairs_and_the_grid():
     section = {"grid": {"size": ["small"], "context_length": [128], "precision": ["fp32", "bf16"], "impl": ["eager"],
                         "compile": [False], "cuda_graphs": [False]}}  # fmt: skip
     fp32 = {"size": "small", "context_length": 128, "precision": "fp32", "impl": "eager", "compile": 0, "cuda_graphs": 0}
-    assert S.partners("e2e", fp32, section) == [{"cuda_graphs": True}, {"precision": "bf16"}]
-    assert S.partners("e2e", {**fp32, "precision": "bf16"}, section) == [{"cuda_graphs": True}]
-    assert S.partners("e2e", {**fp32, "cuda_graphs": 1}, section) == []  # a graph cell is its own GPU time
-    assert S.partners("warmup", {**fp32, "warmup_steps": 0}, section) == []  # no pairs declared
+    assert plan.partners("e2e", fp32, section, BUILT_IN) == [{"cuda_graphs": True}, {"precision": "bf16"}]
+    assert plan.partners("e2e", {**fp32, "precision": "bf16"}, section, BUILT_IN) == [{"cuda_graphs": True}]
+    assert plan.partners("e2e", {**fp32, "cuda_graphs": 1}, section, BUILT_IN) == []  # a graph cell is its own GPU time
+    assert plan.partners("warmup", {**fp32, "warmup_steps": 0}, section, BUILT_IN) == []  # no pairs declared
 
 
 def test_an_e2e_cell_on_a_cpu_times_its_partners_and_says_why_it_has_no_gpu_time():

@@ -30,11 +30,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cs336sys import studies as S
 from cs336sys.cli import main
 from cs336sys.pipeline import cells as cells_module
 from cs336sys.pipeline import config as C
 from cs336sys.pipeline import config_file as F
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import ConfigError, load_yaml, validate_config
 from workflow_helpers import DEMO, DEMO_RUN, REPO, copy_repo, deep_update, load_config, snakemake
 
@@ -140,7 +140,7 @@ def test_the_snapshot_writer_quotes_what_the_strict_loader_refuses_plain(tmp_pat
     """A run or size may be named 1e3 or 0128 (valid names): PyYAML writes them plain, the strict loader refuses that."""
     cfg.update(run="1e3", extra_sizes={**cfg["extra_sizes"], "0128": TINY, "0o17": TINY})
     cfg["e2e"]["grid"]["size"] = ["0128"]
-    snapshot = C.settings_snapshot(validate_config(cfg))
+    snapshot = C.settings_snapshot(validate_config(cfg)[0])
     with pytest.raises(ConfigError):  # PyYAML's own dump: `run: 1e3`, plain
         load_yaml(_write(tmp_path, yaml.safe_dump(snapshot, sort_keys=False), "plain.yaml"))
     assert load_yaml(_write(tmp_path, F.dump_yaml(snapshot), "quoted.yaml")) == snapshot
@@ -299,7 +299,7 @@ def test_oversized_configs_are_rejected_before_planning(cfg, monkeypatch, case):
     def no_planning(*args, **kwargs):
         raise AssertionError("the grid was planned before its size was checked")
 
-    monkeypatch.setattr(S, "cells", no_planning)
+    monkeypatch.setattr(plan, "cells", no_planning)
     config = make(cfg)
     t0 = time.monotonic()
     message = _config_error(config)
@@ -309,7 +309,7 @@ def test_oversized_configs_are_rejected_before_planning(cfg, monkeypatch, case):
 
 def test_max_cell_jobs_is_the_limit(cfg):
     """A limit of exactly the CPU demo's cell jobs passes it, one fewer does not."""
-    full = validate_config(copy.deepcopy(cfg))
+    full, _ = validate_config(copy.deepcopy(cfg))
     jobs = sum(math.prod(map(len, full[s]["grid"].values())) * full[s].get("passes", 1) for s in full["studies"])
     validate_config({**copy.deepcopy(cfg), "max_cell_jobs": jobs})
     _assert_names(_config_error({**cfg, "max_cell_jobs": jobs - 1}), "'max_cell_jobs'", f"{jobs} cell jobs", f"at most {jobs - 1}")
@@ -338,7 +338,7 @@ def test_a_run_measured_with_another_device_is_refused(tmp_path, cfg, case):
     changed = copy.deepcopy(cfg)
     changed[key] = value
     with pytest.raises(ConfigError) as info:
-        C.check_run_snapshot(validate_config(changed), snapshot)
+        C.check_run_snapshot(validate_config(changed)[0], snapshot)
     _assert_names(str(info.value), *expected, str(snapshot))
 
 
@@ -348,7 +348,7 @@ def test_overwrite_another_run_name_or_the_same_device_pass(tmp_path, cfg):
     C.check_run_snapshot(copy.deepcopy(cfg), snapshot)  # same settings
     C.check_run_snapshot({**copy.deepcopy(cfg), "batch": 1}, tmp_path / "results" / "other" / "config.yaml")  # no snapshot yet
     forced = {**copy.deepcopy(cfg), "device": "cuda", "overwrite": True}
-    C.check_run_snapshot(validate_config(forced), snapshot)
+    C.check_run_snapshot(validate_config(forced)[0], snapshot)
 
 
 def test_the_snapshot_leaves_out_overwrite_and_max_cell_jobs(cfg):
@@ -383,7 +383,7 @@ def test_cli_config_applies_device_memory_fraction_cache_dir_grid_and_timeout(mo
                                 "e2e:\n  grid: {size: [tiny], context_length: [16]}\n  timeout_s: 7\n  vocab_size: 100\n")  # fmt: skip
     cell = _cell_of(monkeypatch, ["e2e", "--config", str(path)])
     assert cell.device == "cpu" and cell.memory_fraction == 0.5 and cell.cache_dir == "/tmp/cs336sys-cache"
-    assert cell.axes["size"] == "tiny" and cell.axes["context_length"] == 16 and cell.kwargs["vocab_size"] == 100
+    assert cell.axes["size"] == "tiny" and cell.axes["context_length"] == 16 and cell.kwargs()["vocab_size"] == 100
     assert cell.timeout_s == 7
     # flags on the command line win over the file
     cell = _cell_of(monkeypatch, ["e2e", "--config", str(path), "--device", "auto", "--memory-fraction", "0.25",

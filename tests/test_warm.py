@@ -24,8 +24,8 @@ import pandas as pd
 import pytest
 
 from cell_kwargs import cell_kwargs
-from cs336sys import studies as S
-from cs336sys.pipeline import warm
+from cs336sys.catalog import BUILT_IN
+from cs336sys.pipeline import plan, warm
 from cs336sys.pipeline.config import validate_config
 from workflow_helpers import DEMO, REPO, load_config
 
@@ -44,8 +44,8 @@ print(run_job(json.loads(sys.argv[1]), 60.0, sys.argv[2], sys.argv[3], warm=sys.
 
 @pytest.fixture(scope="module")
 def precision_cell() -> dict:
-    config = validate_config(load_config(REPO, DEMO))
-    return S.cell_settings("precision", {"part": "accumulation"}, config)
+    config, _ = validate_config(load_config(REPO, DEMO))
+    return plan.plan_cell("precision", {"part": "accumulation"}, config, BUILT_IN).params()
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import os
 import re
 import sys
@@ -26,7 +27,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cs336sys import catalog
 from cs336sys import studies as S
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import ConfigError, load_schema, validate_config
 from cs336sys.pipeline.config_file import load_config_file
 
@@ -86,7 +89,7 @@ def _add_study(sub, schema: Mapping, name: str) -> None:
         else:
             p.add_argument(_flag(axis), type=typ, choices=choices, default=None, help=help_)
     for key, sub_schema in section["properties"].items():
-        if key in S.JOB_KEYS + spec.cell_keys:
+        if key in plan.JOB_KEYS + spec.cell_keys:
             continue
         sub_schema = _resolve(schema, sub_schema)
         if sub_schema.get("type") == "array":
@@ -114,10 +117,11 @@ def _add_study(sub, schema: Mapping, name: str) -> None:
     p.add_argument("--csv", default=None, help="also write the rows to this CSV file (atomically)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(offered: catalog.Catalog = catalog.BUILT_IN) -> argparse.ArgumentParser:
+    """The parser, whose ``--impl`` choices are ``offered``'s (the ``--config`` file's plug-ins included: :func:`_offered`)."""
     parser = argparse.ArgumentParser(prog="cs336sys", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="study", required=True)
-    schema = load_schema()
+    schema = load_schema(offered=offered)
     for name in S.STUDIES:
         _add_study(sub, schema, name)
     return parser
@@ -171,8 +175,8 @@ def _axis_values(args: argparse.Namespace, grid: Mapping[str, Any], parser: argp
     return values, from_file
 
 
-def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """The workflow config that holds exactly this one cell, validated by the workflow's schema.
+def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], catalog.Catalog]:
+    """The workflow config that holds exactly this one cell, validated by the workflow's schema, and the implementations it offers.
 
     Resolves ``args.device`` and ``args.timeout`` too: a flag, else the ``--config`` file, else the default.
     """
@@ -195,12 +199,12 @@ def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
         config["memory_fraction"] = args.memory_fraction
     try:
         # in a child, as the workflow does: a plug-in's import that hangs, exits or changes directory cannot reach this process
-        validate_config(config, check_imports="subprocess")
+        config, offered = validate_config(config, check_imports="subprocess")
     except ConfigError as exc:
         parser.error(_name_flags(str(exc), args, values, from_file))
     if args.timeout is None:
         args.timeout = float(config[args.study]["timeout_s"])  # the file's, else the schema's default (validation wrote it)
-    return config
+    return config, offered
 
 
 def _name_flags(message: str, args: argparse.Namespace, values: Mapping[str, Any], from_file: set) -> str:
@@ -237,7 +241,7 @@ def command_line(study: str, axes: Mapping[str, Any], config: Mapping[str, Any],
     """Flags of ``cs336sys <target>`` that run the same cell as ``study``'s ``axes`` under ``config`` (the nsys rule)."""
     known = set(S.study(target).axes) | set(load_schema()["properties"][target]["properties"])
     settings = {
-        k: v for k, v in {**config[study], **axes}.items() if k in known and k not in S.JOB_KEYS and not isinstance(v, (list, dict))
+        k: v for k, v in {**config[study], **axes}.items() if k in known and k not in plan.JOB_KEYS and not isinstance(v, (list, dict))
     }
     flags = [
         f"{_flag(k)} {v}" if not isinstance(v, bool) else (_flag(k) if v else "--no-" + k.replace("_", "-")) for k, v in settings.items()
@@ -245,8 +249,8 @@ def command_line(study: str, axes: Mapping[str, Any], config: Mapping[str, Any],
     return " ".join(flags + ["--device cuda", "--modes inference train"])
 
 
-def _register_plugins(argv: Sequence[str] | None) -> None:
-    """The ``--config`` file's ``plugins`` names, registered before the parser lists the ``--impl`` choices."""
+def _offered(argv: Sequence[str] | None) -> catalog.Catalog:
+    """The implementations the ``--config`` file offers (its ``plugins`` names), for the parser's ``--impl`` choices."""
     argv = list(sys.argv[1:] if argv is None else argv)
     files = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"] + [
         a.partition("=")[2] for a in argv if a.startswith("--config=")
@@ -254,19 +258,17 @@ def _register_plugins(argv: Sequence[str] | None) -> None:
     try:
         section = load_config_file(files[-1]).get("plugins") if files else None
     except (ConfigError, OSError, AttributeError):
-        return  # the parser reports an unreadable file by its flag
-    if section:
-        from cs336sys import plugins
+        return catalog.BUILT_IN  # the parser reports an unreadable file by its flag
+    from cs336sys import plugins
 
-        try:
-            plugins.activate(section)
-        except ConfigError as exc:
-            sys.exit(f"cs336sys: --config {files[-1]}: {exc}")
+    try:
+        return plugins.offered(section)
+    except ConfigError as exc:
+        sys.exit(f"cs336sys: --config {files[-1]}: {exc}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _register_plugins(argv)
-    parser = build_parser()
+    parser = build_parser(_offered(argv))
     args = parser.parse_args(argv)
     if args.memory_fraction is not None and not 0 < args.memory_fraction <= 1:
         parser.error(f"--memory-fraction must be in (0, 1], got {args.memory_fraction}")
@@ -288,17 +290,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_fault_spec(os.environ.get(FAULT_ENV, ""))
     except ValueError as exc:
         parser.error(str(exc))
-    config = _cli_config(args, parser)
-    (axes,) = S.grid(args.study, config).values() or [None]
+    config, offered = _cli_config(args, parser)
+    (axes,) = plan.grid(args.study, config, offered).values() or [None]
     if axes is None:
         parser.error(f"{args.study}: these flags make no valid cell")
 
-    from cs336sys.pipeline.cells import Cell, run_cell
+    from cs336sys.pipeline.cells import run_cell
     from cs336sys.pipeline.merge import derive
     from cs336sys.rows import rows_to_frame, write_csv_atomic
 
-    settings = S.cell_settings(args.study, axes, config, artifact_dir="cs336sys-artifacts")
-    cell = Cell(**{**settings, "device": args.device}, timeout_s=args.timeout)
+    cell = plan.plan_cell(args.study, axes, config, offered, artifact_dir="cs336sys-artifacts")
+    cell = dataclasses.replace(cell, device=args.device, timeout_s=args.timeout)
     print(f"measuring {args.study} {cell.cell_id} on {args.device} (time limit {args.timeout:g} s) …", file=sys.stderr, flush=True)
 
     # The child resolves --device auto: asking torch.cuda here would poison a fork.
@@ -379,7 +381,7 @@ def result_tables(frame, study: str) -> str:
 def _flag_meanings(study: str, noisy_rel: float) -> dict[str, str]:
     """What each flag of the printed table means, and the flags of ``cs336sys <study>`` that would tighten it."""
     section = load_schema()["properties"][study]["properties"]
-    takes = [key for key in ("trials", "max_measure_s") if key in section and key not in S.JOB_KEYS + S.study(study).cell_keys]
+    takes = [key for key in ("trials", "max_measure_s") if key in section and key not in plan.JOB_KEYS + S.study(study).cell_keys]
     more = " or a larger ".join(f"more {_flag(k)}" if k == "trials" else _flag(k) for k in takes)
     rerun = f"rerun with {more}" if more else "rerun it"
     trials = "use --trials 3 or more" if "trials" in takes else "read it as one sample, not as a bound"
