@@ -310,9 +310,11 @@ def _toy(name: str = "scratch-toy", **changes) -> catalog.Impl:
 
 @pytest.fixture
 def scratch_catalog(monkeypatch):
-    """Registrations land in a copy of the catalog, dropped after the test."""
-    monkeypatch.setattr(catalog, "_IMPLS", dict(catalog._IMPLS))
+    """Registrations are dropped after the test."""
+    before = dict(catalog._IMPLS)
     yield
+    catalog._IMPLS.clear()
+    catalog._IMPLS.update(before)
     attn._callable.cache_clear()
 
 

@@ -83,8 +83,12 @@ def test_a_new_study_joins_the_schema_with_no_edit_to_the_top_level_file(toy):
     schema = load_schema()
     assert "toy" in schema["properties"]["studies"]["items"]["enum"]
     config, _ = validate_config({"run": "t", "device": "cpu", "studies": ["toy"]})
-    assert config["toy"] == {"grid": {"width": [2, 4], "depth": [1]}, "repeats": 3, "timeout_s": 60,
-                             "resources": {"runtime_min": 30, "mem_mb": 16000}}  # fmt: skip
+    assert config["toy"] == {
+        "grid": {"width": [2, 4], "depth": [1]},
+        "repeats": 3,
+        "timeout_s": 60,
+        "resources": {"runtime_min": 30, "mem_mb": 16000},
+    }
     assert len(plan.grid("toy", config, BUILT_IN)) == 2
     with pytest.raises(ConfigError, match=r"'toy\.repeat' \(allowed under toy: grid, repeats, timeout_s, resources\)"):
         validate_config({"run": "t", "device": "cpu", "studies": ["toy"], "toy": {"repeat": 2}})

@@ -19,10 +19,28 @@ TINY = {"tiny": {"d_model": 64, "d_ff": 256, "num_layers": 2, "num_heads": 4}}
 
 
 def _attention_cell(memory_fraction):
-    kwargs = cell_kwargs("attention", d_model=64, seq_len=8192, activation="softmax", impl="eager", causal=True,
-                         precision="fp32", batch_size=8, warmup_steps=1, measure_steps=2)  # fmt: skip
-    return Cell("attention", "cap", {"seq_len": 8192}, "cs336sys.studies.attention.measure:measure", kwargs,
-                device="cuda", timeout_s=300, memory_fraction=memory_fraction)  # fmt: skip
+    kwargs = cell_kwargs(
+        "attention",
+        d_model=64,
+        seq_len=8192,
+        activation="softmax",
+        impl="eager",
+        causal=True,
+        precision="fp32",
+        batch_size=8,
+        warmup_steps=1,
+        measure_steps=2,
+    )
+    return Cell(
+        "attention",
+        "cap",
+        {"seq_len": 8192},
+        "cs336sys.studies.attention.measure:measure",
+        kwargs,
+        device="cuda",
+        timeout_s=300,
+        memory_fraction=memory_fraction,
+    )
 
 
 @pytest.mark.gpu
@@ -38,8 +56,20 @@ def test_memory_cap_turns_a_cell_that_fits_into_oom():
 
 @pytest.mark.gpu
 def test_cuda_graph_cell_replays_one_graph_per_phase():
-    kwargs = cell_kwargs("e2e", size="tiny", context_length=128, precision="bf16", impl="sdpa", compile=False, cuda_graphs=True,
-                         warmup_steps=2, measure_steps=5, batch_size=4, vocab_size=1000, extra_sizes=TINY)  # fmt: skip
+    kwargs = cell_kwargs(
+        "e2e",
+        size="tiny",
+        context_length=128,
+        precision="bf16",
+        impl="sdpa",
+        compile=False,
+        cuda_graphs=True,
+        warmup_steps=2,
+        measure_steps=5,
+        batch_size=4,
+        vocab_size=1000,
+        extra_sizes=TINY,
+    )
     cell = Cell("e2e", "graphs", {}, "cs336sys.studies.e2e.measure:measure", kwargs, device="cuda", timeout_s=300, policy=Policy(trials=2))
     rows = pd.DataFrame(run_cell(cell))
     assert set(rows["status"]) == {"ok"}, rows["error"].tolist()

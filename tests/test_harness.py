@@ -247,9 +247,13 @@ def _frame(**cols):
 
 def test_tflops_and_tokens_per_second_use_the_median():
     df = _frame(
-        median_ms=[2.0, 4.0], mean_ms=[100.0, 100.0], flops=[1e12, 3e12], tokens=[1000, 1000],
-        device_name=["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"], precision=["bf16", "fp32"],
-    )  # fmt: skip
+        median_ms=[2.0, 4.0],
+        mean_ms=[100.0, 100.0],
+        flops=[1e12, 3e12],
+        tokens=[1000, 1000],
+        device_name=["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"],
+        precision=["bf16", "fp32"],
+    )
     out = add_derived(df)
     np.testing.assert_allclose(out["tflops"], [500.0, 750.0])
     np.testing.assert_allclose(out["tokens_per_s"], [500_000.0, 250_000.0])
@@ -259,8 +263,9 @@ def test_tflops_and_tokens_per_second_use_the_median():
 
 
 def test_mfu_uses_the_most_specific_h100_entry():
-    df = _frame(median_ms=[1.0] * 3, flops=[1e12] * 3, precision=["bf16"] * 3,
-                device_name=["NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200"])  # fmt: skip
+    df = _frame(
+        median_ms=[1.0] * 3, flops=[1e12] * 3, precision=["bf16"] * 3, device_name=["NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200"]
+    )
     out = add_derived(df)
     np.testing.assert_allclose(out["mfu_pct"], [100 * 1000 / 756.0, 100 * 1000 / 835.0, 100 * 1000 / 989.4])
     assert peak_tflops("NVIDIA A100-SXM4-80GB", "tf32") == 156.0
@@ -288,10 +293,19 @@ def test_config_overrides_extend_and_replace_the_peak_table():
 
 
 def test_failure_rows_without_measurements_get_empty_metrics():
-    df = pd.DataFrame([
-        {"status": "ok", "median_ms": 2.0, "flops": 4e12, "tokens": 10, "precision": "bf16", "device_name": "NVIDIA H100 80GB HBM3"},
-        {"status": "oom", "median_ms": None, "flops": None, "tokens": None, "precision": "bf16", "device_name": "NVIDIA H100 80GB HBM3"},
-    ])  # fmt: skip
+    df = pd.DataFrame(
+        [
+            {"status": "ok", "median_ms": 2.0, "flops": 4e12, "tokens": 10, "precision": "bf16", "device_name": "NVIDIA H100 80GB HBM3"},
+            {
+                "status": "oom",
+                "median_ms": None,
+                "flops": None,
+                "tokens": None,
+                "precision": "bf16",
+                "device_name": "NVIDIA H100 80GB HBM3",
+            },
+        ]
+    )
     out = add_derived(df)
     assert out["tflops"].iloc[0] == pytest.approx(2000.0)
     assert math.isnan(out["tflops"].iloc[1]) and math.isnan(out["mfu_pct"].iloc[1]) and math.isnan(out["tokens_per_s"].iloc[1])
@@ -303,8 +317,25 @@ def test_failure_rows_without_measurements_get_empty_metrics():
 
 def test_measure_attention_rows():
     ctx = {}
-    rows = list(measure_attention(CPU, ctx, Session(), **cell_kwargs("attention", d_model=8, seq_len=16, activation="relu", impl="eager", causal=True,
-                                                          precision="fp32", batch_size=2, warmup_steps=1, measure_steps=3)))  # fmt: skip
+    rows = list(
+        measure_attention(
+            CPU,
+            ctx,
+            Session(),
+            **cell_kwargs(
+                "attention",
+                d_model=8,
+                seq_len=16,
+                activation="relu",
+                impl="eager",
+                causal=True,
+                precision="fp32",
+                batch_size=2,
+                warmup_steps=1,
+                measure_steps=3,
+            ),
+        )
+    )
     assert ctx["mode"] == "train"
     by_phase = {r["phase"]: r for r in rows}
     assert set(by_phase) == {"forward", "backward", STEP}
@@ -342,8 +373,24 @@ def test_measure_attention_rejects_invalid_and_skips_cuda_only_impls(monkeypatch
 
 def test_measure_mha_rows():
     ctx = {}
-    rows = list(measure_mha(CPU, ctx, Session(), **cell_kwargs("mha", embed_dim=16, num_heads=4, seq_len=12, variant="performer", kernel="relu",
-                                                    num_features=8, warmup_steps=1, measure_steps=2)))  # fmt: skip
+    rows = list(
+        measure_mha(
+            CPU,
+            ctx,
+            Session(),
+            **cell_kwargs(
+                "mha",
+                embed_dim=16,
+                num_heads=4,
+                seq_len=12,
+                variant="performer",
+                kernel="relu",
+                num_features=8,
+                warmup_steps=1,
+                measure_steps=2,
+            ),
+        )
+    )
     assert {(r["mode"], r["phase"]) for r in rows} == {
         ("inference", "forward"),
         ("inference", STEP),
@@ -368,8 +415,24 @@ TINY_EXTRA = {"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 
 
 def test_measure_e2e_rows():
     ctx = {}
-    rows = list(measure_e2e(CPU, ctx, Session(), **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32", batch_size=2, vocab_size=100,
-                                                    warmup_steps=1, measure_steps=2, extra_sizes=TINY_EXTRA)))  # fmt: skip
+    rows = list(
+        measure_e2e(
+            CPU,
+            ctx,
+            Session(),
+            **cell_kwargs(
+                "e2e",
+                size="tiny",
+                context_length=8,
+                precision="fp32",
+                batch_size=2,
+                vocab_size=100,
+                warmup_steps=1,
+                measure_steps=2,
+                extra_sizes=TINY_EXTRA,
+            ),
+        )
+    )
     phases = [(r["mode"], r["phase"]) for r in rows]
     assert len(phases) == len(set(phases)) == 6
     optimizer = [p for m, p in phases if m == "train" and p not in ("forward", "backward", STEP)]
@@ -396,8 +459,25 @@ def test_measure_e2e_rows():
 
 
 def test_measure_e2e_bf16_forward_only_and_bad_arguments():
-    rows = list(measure_e2e(CPU, {}, Session(), **cell_kwargs("e2e", size="tiny", context_length=8, precision="bf16", batch_size=1, vocab_size=100,
-                                                   warmup_steps=0, measure_steps=1, modes=("inference",), extra_sizes=TINY_EXTRA)))  # fmt: skip
+    rows = list(
+        measure_e2e(
+            CPU,
+            {},
+            Session(),
+            **cell_kwargs(
+                "e2e",
+                size="tiny",
+                context_length=8,
+                precision="bf16",
+                batch_size=1,
+                vocab_size=100,
+                warmup_steps=0,
+                measure_steps=1,
+                modes=("inference",),
+                extra_sizes=TINY_EXTRA,
+            ),
+        )
+    )
     assert {r["mode"] for r in rows} == {"inference"}
     with pytest.raises(ValueError, match="tiny"):  # not a known size without extra_sizes
         next(measure_e2e(CPU, {}, Session(), **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32")))

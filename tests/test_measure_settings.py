@@ -91,7 +91,7 @@ CLI_CELLS = {
         "--measure-steps",
         "2",
         *QUICK,
-    ],  # fmt: skip
+    ],
     "flash": ["--seq-len", "64", "--head-dim", "16", "--precision", "fp32", "--impl", "eager", "--rep-ms", "1", "--trials", "1"],
     "precision": ["--part", "accumulation"],
 }

@@ -112,8 +112,16 @@ def test_log_t_interval_stays_positive_where_a_linear_one_reaches_zero():
 
 
 def test_partners_come_from_the_study_pairs_and_the_grid():
-    section = {"grid": {"size": ["small"], "context_length": [128], "precision": ["fp32", "bf16"], "impl": ["eager"],
-                        "compile": [False], "cuda_graphs": [False]}}  # fmt: skip
+    section = {
+        "grid": {
+            "size": ["small"],
+            "context_length": [128],
+            "precision": ["fp32", "bf16"],
+            "impl": ["eager"],
+            "compile": [False],
+            "cuda_graphs": [False],
+        }
+    }
     fp32 = {"size": "small", "context_length": 128, "precision": "fp32", "impl": "eager", "compile": 0, "cuda_graphs": 0}
     assert plan.partners("e2e", fp32, section, BUILT_IN) == [{"cuda_graphs": True}, {"precision": "bf16"}]
     assert plan.partners("e2e", {**fp32, "precision": "bf16"}, section, BUILT_IN) == [{"cuda_graphs": True}]
@@ -152,10 +160,23 @@ def test_an_e2e_cell_on_a_cpu_times_its_partners_and_says_why_it_has_no_gpu_time
 def test_a_paired_ratio_gets_the_interval_floor_of_timed_rows():
     # H100, large fp32 train, optimizer step over its graph replay: 1.1486 [1.1459, 1.1513] in one run, 1.1427 in the next
     def pair(k, own, other):
-        return {"study": "e2e", "cell_id": "c", "status": "ok", "error": "", "kind": "pair", "mode": "train",
-                "phase": "optimizer_step", "pair_with": "cuda_graphs=1", "own_blocks_ms": ";".join(map(str, own)),
-                "partner_blocks_ms": ";".join(map(str, other)), "stop_reason": "target", "pass_index": k,
-                "ratio": float(np.median(np.array(own) / np.array(other))), "ratio_ci_low": 1.1485, "ratio_ci_high": 1.1487}  # fmt: skip
+        return {
+            "study": "e2e",
+            "cell_id": "c",
+            "status": "ok",
+            "error": "",
+            "kind": "pair",
+            "mode": "train",
+            "phase": "optimizer_step",
+            "pair_with": "cuda_graphs=1",
+            "own_blocks_ms": ";".join(map(str, own)),
+            "partner_blocks_ms": ";".join(map(str, other)),
+            "stop_reason": "target",
+            "pass_index": k,
+            "ratio": float(np.median(np.array(own) / np.array(other))),
+            "ratio_ci_low": 1.1485,
+            "ratio_ci_high": 1.1487,
+        }
 
     own, other = [23.0 + 0.001 * i for i in range(8)], [20.0 + 0.001 * i for i in range(8)]
     for passes in ([pair(0, own, other)], [pair(0, own, other), pair(1, own, other)]):
@@ -166,9 +187,20 @@ def test_a_paired_ratio_gets_the_interval_floor_of_timed_rows():
 
 def test_passes_pool_the_pairs_of_a_cell():
     def pair(k, own, other):
-        return {"study": "e2e", "cell_id": "c", "status": "ok", "error": "", "kind": "pair", "mode": "train", "phase": "step",
-                "pair_with": "precision=bf16", "own_blocks_ms": ";".join(map(str, own)),
-                "partner_blocks_ms": ";".join(map(str, other)), "stop_reason": "target", "pass_index": k}  # fmt: skip
+        return {
+            "study": "e2e",
+            "cell_id": "c",
+            "status": "ok",
+            "error": "",
+            "kind": "pair",
+            "mode": "train",
+            "phase": "step",
+            "pair_with": "precision=bf16",
+            "own_blocks_ms": ";".join(map(str, own)),
+            "partner_blocks_ms": ";".join(map(str, other)),
+            "stop_reason": "target",
+            "pass_index": k,
+        }
 
     rng = np.random.default_rng(0)
     drift = np.exp(rng.normal(0, 0.3, 16))
@@ -188,10 +220,25 @@ def test_passes_pool_the_pairs_of_a_cell():
 
 def test_gpu_time_columns_fold_over_passes_like_the_eager_ones():
     def row(k, eager, gpu):
-        return {"study": "e2e", "cell_id": "c", "status": "ok", "error": "", "mode": "train", "phase": "step",
-                "median_ms": float(np.median(eager)), "samples_ms": ";".join(map(str, eager)), "n": len(eager), "trials": 1,
-                "gpu_median_ms": float(np.median(gpu)), "gpu_ci_low_ms": min(gpu), "gpu_ci_high_ms": max(gpu),
-                "gpu_samples_ms": ";".join(map(str, gpu)), "gpu_n": len(gpu), "gpu_busy_frac": 0.2, "pass_index": k}  # fmt: skip
+        return {
+            "study": "e2e",
+            "cell_id": "c",
+            "status": "ok",
+            "error": "",
+            "mode": "train",
+            "phase": "step",
+            "median_ms": float(np.median(eager)),
+            "samples_ms": ";".join(map(str, eager)),
+            "n": len(eager),
+            "trials": 1,
+            "gpu_median_ms": float(np.median(gpu)),
+            "gpu_ci_low_ms": min(gpu),
+            "gpu_ci_high_ms": max(gpu),
+            "gpu_samples_ms": ";".join(map(str, gpu)),
+            "gpu_n": len(gpu),
+            "gpu_busy_frac": 0.2,
+            "pass_index": k,
+        }
 
     out = combine_passes(pd.DataFrame([row(0, [80, 90, 85], [29.7, 29.8, 29.75]), row(1, [60, 65, 62], [29.8, 29.9, 29.85])]))
     r = out.iloc[0]
@@ -208,8 +255,9 @@ def test_per_phase_graphs_add_up_to_the_step_and_match_the_graph_cell():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     device = torch.device("cuda")
-    cell = LMCell(size="small", context_length=128, precision="bf16", impl="sdpa", batch_size=2, vocab_size=1000, optimizer="course",
-                  extra_sizes={})  # fmt: skip
+    cell = LMCell(
+        size="small", context_length=128, precision="bf16", impl="sdpa", batch_size=2, vocab_size=1000, optimizer="course", extra_sizes={}
+    )
     model, inputs, targets = cell.setup(device)
     steps = graphed_lm_steps(model, model, inputs, targets, "bf16", device, graph_optimizer("course", model))
     t = time_steps(steps["train"], Session(Policy(min_warmup_s=0.5)), warmup=3, steps=30, device=device)
@@ -257,9 +305,19 @@ def test_backward_over_forward_pairs_the_phases_of_each_step():
     axes = {"size": "small", "context_length": 128, "precision": "fp32", "impl": "eager", "compile": 0, "cuda_graphs": 0}
 
     def row(phase, samples):
-        return {"study": "e2e", "cell_id": "c", "status": "ok", "error": "", **axes, "mode": "train", "phase": phase,
-                "median_ms": float(np.median(samples)), "ci_low_ms": float(np.min(samples)), "ci_high_ms": float(np.max(samples)),
-                "samples_ms": ";".join(f"{x:.4f}" for x in samples)}  # fmt: skip
+        return {
+            "study": "e2e",
+            "cell_id": "c",
+            "status": "ok",
+            "error": "",
+            **axes,
+            "mode": "train",
+            "phase": phase,
+            "median_ms": float(np.median(samples)),
+            "ci_low_ms": float(np.min(samples)),
+            "ci_high_ms": float(np.max(samples)),
+            "samples_ms": ";".join(f"{x:.4f}" for x in samples),
+        }
 
     out = backward_forward_ratio(pd.DataFrame([row("forward", fwd), row("backward", bwd)])).iloc[0]
     assert out["ratio_low"] < 2.0 < out["ratio_high"] and out["ratio_high"] / out["ratio_low"] < 1.02

@@ -27,8 +27,11 @@ MODEL = "cs336_basics.model:BasicsTransformerLM"
 
 
 def section(path=FIXTURE, **extra):
-    return {"path": str(path), "attention": {"course-flash": {"function": RIGHT, "form": "adapter"},
-                                              "no-scale": {"function": WRONG, "form": "callable"}}, **extra}  # fmt: skip
+    return {
+        "path": str(path),
+        "attention": {"course-flash": {"function": RIGHT, "form": "adapter"}, "no-scale": {"function": WRONG, "form": "callable"}},
+        **extra,
+    }
 
 
 def demo_config(plugins_section, **overrides):
@@ -259,7 +262,7 @@ def test_source_files_walk_the_users_imports_under_path_only():
         "cs336_systems/flash_attention.py",
         "cs336_systems/flash_triton.py",
         "cs336_systems/wrong_attention.py",
-    }  # fmt: skip  (torch, math: not under path)
+    }  # torch, math: not under path
 
 
 def test_a_user_model_builds_from_the_course_constructor():
@@ -279,13 +282,20 @@ def test_a_user_model_builds_from_the_course_constructor():
 PLUGIN_FILE = "config/test-plugins.yaml"
 PLUGIN_OVERLAY = {  # over config/cpu-demo.yaml: the user's model in e2e, the user's attention (one right, two wrong)
     "studies": ["e2e", "attention"],
-    "plugins": {"path": "course_repo", "model": MODEL, "attention": {
-        "course-flash": {"function": RIGHT, "form": "adapter"}, "no-scale": {"function": WRONG, "form": "callable"},
-        "no-rescale": {"function": "cs336_systems.flash_no_rescale:attention", "form": "callable"}}},
+    "plugins": {
+        "path": "course_repo",
+        "model": MODEL,
+        "attention": {
+            "course-flash": {"function": RIGHT, "form": "adapter"},
+            "no-scale": {"function": WRONG, "form": "callable"},
+            "no-rescale": {"function": "cs336_systems.flash_no_rescale:attention", "form": "callable"},
+        },
+    },
     "e2e": {"grid": {"size": ["tiny"], "context_length": [32], "precision": ["fp32"], "impl": ["eager"], "compile": [False]}, "passes": 1},
-    "attention": {"grid": {"d_model": [16], "seq_len": [64], "activation": ["softmax"],
-                           "impl": ["eager", "course-flash", "no-scale", "no-rescale"]}},
-}  # fmt: skip
+    "attention": {
+        "grid": {"d_model": [16], "seq_len": [64], "activation": ["softmax"], "impl": ["eager", "course-flash", "no-scale", "no-rescale"]}
+    },
+}
 
 
 @pytest.mark.slow

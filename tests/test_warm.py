@@ -225,10 +225,24 @@ os.wait()
 def test_preload_leaves_a_measuring_child_little_to_import():
     # torch imports torch._dynamo (sympy: ~900 modules) at a first backward; a child that does it
     # itself pays seconds per cell. After preload() it imports next to nothing, CUDA untouched.
-    kwargs = cell_kwargs("e2e", size="small", context_length=8, precision="fp32", batch_size=1, vocab_size=50, warmup_steps=1,
-                         measure_steps=1, modes=["train"])  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", f"KWARGS = {json.dumps(json.dumps(kwargs))}\n" + PRELOADED_CHILD], capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": SRC})  # fmt: skip
+    kwargs = cell_kwargs(
+        "e2e",
+        size="small",
+        context_length=8,
+        precision="fp32",
+        batch_size=1,
+        vocab_size=50,
+        warmup_steps=1,
+        measure_steps=1,
+        modes=["train"],
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", f"KWARGS = {json.dumps(json.dumps(kwargs))}\n" + PRELOADED_CHILD],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": SRC},
+    )
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert not got["failed"] and not got["cuda"] and got["frozen"] > 0

@@ -289,8 +289,16 @@ def server(cell, tmp_path_factory):
 
 
 def _request(cell: dict, cwd: Path, **over) -> dict:
-    return {"cell": cell, "timeout_s": 60.0, "output": "cell.csv", "log": "cell.log", "env": {}, "cwd": str(cwd),
-            "pid": os.getpid(), **over}  # fmt: skip
+    return {
+        "cell": cell,
+        "timeout_s": 60.0,
+        "output": "cell.csv",
+        "log": "cell.log",
+        "env": {},
+        "cwd": str(cwd),
+        "pid": os.getpid(),
+        **over,
+    }
 
 
 def _ask(sock: Path, request: dict | None, timeout: float = 120) -> list[dict]:

@@ -126,10 +126,17 @@ def normalise(section: Any) -> dict[str, Any]:
 def user_lines(section: Mapping[str, Any]) -> list[catalog.Impl]:
     """The catalog lines of a normalised section's attention implementations (family ``user``)."""
     return [
-        catalog.Impl(name, "user", __name__, {"softmax": "user_attention"}, ATTENTION_KINDS, f"the user's {spec['function']}",
-                     options={"function": spec["function"], "form": spec["form"], "path": section["path"]})
+        catalog.Impl(
+            name,
+            "user",
+            __name__,
+            {"softmax": "user_attention"},
+            ATTENTION_KINDS,
+            f"the user's {spec['function']}",
+            options={"function": spec["function"], "form": spec["form"], "path": section["path"]},
+        )
         for name, spec in (section.get("attention") or {}).items()
-    ]  # fmt: skip
+    ]
 
 
 def offered(section: Any) -> catalog.Catalog:
@@ -163,11 +170,14 @@ def check_lm_studies(config: Mapping[str, Any], kinds: Mapping[str, str]) -> Non
     if not (config.get("plugins") or {}).get("model"):
         return
     problems = [
-        _problem(f"{study}.grid.impl", f"{impls} with plugins.model: the user's model runs its own attention, which our "
-                                       "impl axis does not reach; set it to [eager] (rows record model: the import path)")
+        _problem(
+            f"{study}.grid.impl",
+            f"{impls} with plugins.model: the user's model runs its own attention, which our "
+            "impl axis does not reach; set it to [eager] (rows record model: the import path)",
+        )
         for study in config.get("studies") or []
         if kinds.get(study) == catalog.LM and (impls := ((config.get(study) or {}).get("grid") or {}).get("impl")) not in (None, ["eager"])
-    ]  # fmt: skip
+    ]
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 

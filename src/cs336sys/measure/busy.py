@@ -73,11 +73,20 @@ def _intervals(prof) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     try:
         events = [(e.name(), e.device_type(), e.start_ns(), e.end_ns(), _annotation(e)) for e in prof.profiler.kineto_results.events()]
     except AttributeError:  # a torch without them: the tree it is
-        events = [(e.name, e.device_type, e.time_range.start, e.time_range.end, bool(getattr(e, "is_user_annotation", False))
-                   or "user_annotation" in str(getattr(e, "activity_type", "") or "")) for e in prof.events()]  # fmt: skip
+        events = [
+            (
+                e.name,
+                e.device_type,
+                e.time_range.start,
+                e.time_range.end,
+                bool(getattr(e, "is_user_annotation", False)) or "user_annotation" in str(getattr(e, "activity_type", "") or ""),
+            )
+            for e in prof.events()
+        ]
     windows = [(start, end) for name, device, start, end, _ in events if name == WINDOW and device == DeviceType.CPU]
-    kernels = [(start, end) for name, device, start, end, annotation in events
-               if device == DeviceType.CUDA and not annotation and name != WINDOW]  # fmt: skip
+    kernels = [
+        (start, end) for name, device, start, end, annotation in events if device == DeviceType.CUDA and not annotation and name != WINDOW
+    ]
     return windows, kernels
 
 

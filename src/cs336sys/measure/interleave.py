@@ -112,7 +112,15 @@ def _interleave(arms, session: Session, policy: Policy, warmup, block_steps, dev
         trials = samples[name]
         phases = {p: summarize([t[p] for t in trials]) for p in trials[0]}
         run, first, wall = warmed[name]
-        out[name] = Timing(phases=phases, warmup_s=wall, timed_s=timed[name], warmup_steps_run=run, first_step_s=first,
-                           state=recorded, stop_reason=stop, blocks=trials)  # fmt: skip
+        out[name] = Timing(
+            phases=phases,
+            warmup_s=wall,
+            timed_s=timed[name],
+            warmup_steps_run=run,
+            first_step_s=first,
+            state=recorded,
+            stop_reason=stop,
+            blocks=trials,
+        )
         blocks[name] = {p: [statistics.median(t[p]) for t in trials] for p in trials[0]}
     return ArmsTiming(arms=out, blocks=blocks, pairs=rounds, stop_reason=stop)

@@ -115,8 +115,17 @@ def inference_step_fn(run_model, inputs, precision: str, device: torch.device):
     return step
 
 
-def lm_steps(model, run_model, inputs, targets, precision: str, device: torch.device, optimizer: str, memory_log: dict,
-             opt: torch.optim.Optimizer | None = None) -> dict:  # fmt: skip
+def lm_steps(
+    model,
+    run_model,
+    inputs,
+    targets,
+    precision: str,
+    device: torch.device,
+    optimizer: str,
+    memory_log: dict,
+    opt: torch.optim.Optimizer | None = None,
+) -> dict:
     """Mode → step function: the inference forward and the training step of one LM cell (``opt``: reuse that optimizer)."""
     opt = opt if opt is not None else make_optimizer(optimizer, model.parameters())
     return {
@@ -138,8 +147,9 @@ def graph_optimizer(name: str, model, eager: torch.optim.Optimizer | None = None
     return make_optimizer(name, model.parameters(), **({"capturable": True} if name == "fused" else {}))
 
 
-def graphed_lm_steps(model, run_model, inputs, targets, precision: str, device: torch.device,
-                     opt: torch.optim.Optimizer | None = None) -> dict:  # fmt: skip
+def graphed_lm_steps(
+    model, run_model, inputs, targets, precision: str, device: torch.device, opt: torch.optim.Optimizer | None = None
+) -> dict:
     """Mode → step that replays one CUDA graph per phase: the GPU-bound time of each phase.
 
     Inference is one graph (the forward). The training step is three graphs captured in

@@ -1,19 +1,15 @@
-"""What one measurement knows and learns: its timing policy, and the facts of its process while it measures.
+"""What one cell's measurement knows and learns: its timing policy, and the facts of its process as it measures.
 
-The cell runner (``pipeline.cells``) makes one :class:`Session` per cell, in the measuring child, from
-the cell's settings, and hands it to the study's ``measure()``, which passes it to every timing
-function (``measure.timing``, ``measure.interleave``, ``measure.busy``, ``measure.profiling``). So no
-module state steers a measurement, and two sessions in one process (a test's) share nothing.
+The cell runner (``pipeline.cells``) makes one :class:`Session` per cell in the measuring child and hands
+it to the study's ``measure()``, which passes it to every timing function (``measure.timing``,
+``measure.interleave``, ``measure.busy``, ``measure.profiling``): no module state steers a measurement,
+and two sessions in one process (a test's) share nothing.
 
-Where the time goes. A cell job's wall time splits into its start-up (the job's process, the warm
-worker's hand-off, the wait for a GPU, the measuring child's fork and CUDA context: measured by the
-runner) and what the measurement does, which the measuring code marks with :meth:`Session.part`:
-the correctness check, the warm-up steps, the timed blocks, the interleaved blocks of paired
-comparisons, CUDA-graph capture, the blocks timed for their energy, and profiling. The rest of the
-measurement (model and inputs built, rows assembled) is the job's ``other`` time. A part opened
-inside another counts towards the outer one (the warm-up and timed blocks of a paired comparison are
-``pairs``), so the parts never overlap and add up, with start-up and ``other``, to the job's wall
-time. The runner reads :meth:`Session.spent` when the measurement ends. No torch here.
+Where the time goes: the runner measures a job's start-up (its process, the hand-off, the wait for a
+GPU, the child's fork and CUDA context); the measuring code marks its parts with :meth:`Session.part`
+(the correctness check, warm-up, timed blocks, paired comparisons, CUDA-graph capture, energy blocks,
+profiling), and the rest is ``other``. A part opened inside another counts towards the outer one (a
+comparison's blocks are ``pairs``), so the parts never overlap and add up to the job's wall time. No torch.
 """
 
 from __future__ import annotations

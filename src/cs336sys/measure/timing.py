@@ -147,10 +147,16 @@ def merge_timings(first: Timing, later: Timing) -> Timing:
     """One Timing from two runs of timed blocks of the same step in one process (e.g. alone, then interleaved)."""
     blocks = first.blocks + later.blocks
     phases = {p: summarize([b[p] for b in blocks if p in b]) for p in first.phases if all(p in b for b in blocks)}
-    return Timing(phases=phases, warmup_s=first.warmup_s + later.warmup_s, timed_s=first.timed_s + later.timed_s,
-                  warmup_steps_run=first.warmup_steps_run + later.warmup_steps_run, first_step_s=first.first_step_s,
-                  state={**first.state, **{k: v for k, v in later.state.items() if k.startswith("end_")}},
-                  stop_reason=later.stop_reason, blocks=blocks)  # fmt: skip
+    return Timing(
+        phases=phases,
+        warmup_s=first.warmup_s + later.warmup_s,
+        timed_s=first.timed_s + later.timed_s,
+        warmup_steps_run=first.warmup_steps_run + later.warmup_steps_run,
+        first_step_s=first.first_step_s,
+        state={**first.state, **{k: v for k, v in later.state.items() if k.startswith("end_")}},
+        stop_reason=later.stop_reason,
+        blocks=blocks,
+    )
 
 
 class Block(defaultdict):
@@ -159,8 +165,15 @@ class Block(defaultdict):
     energy: energy.Reading | None = None
 
 
-def timed_block(step: Callable[[StepClock], None], steps: int, min_measure_s: float, device: torch.device,
-           clock: Callable[[], float], sync: Callable[[torch.device], None], meter: energy.Meter | None = None) -> Block:  # fmt: skip
+def timed_block(
+    step: Callable[[StepClock], None],
+    steps: int,
+    min_measure_s: float,
+    device: torch.device,
+    clock: Callable[[], float],
+    sync: Callable[[torch.device], None],
+    meter: energy.Meter | None = None,
+) -> Block:
     """One timed block: ``steps`` steps (and more until ``min_measure_s``), each between two synchronisations;
     ``meter`` samples its energy from a thread of its own, never from this loop (none: interleaved blocks)."""
     block, meter = Block(list), meter or energy.Meter(energy.NOT_METERED)
@@ -313,6 +326,16 @@ def timing_rows(timing: Timing, flops: Mapping[str, float | None], extra: Mappin
     step_energy = energy.energy_stats([getattr(b, "energy", None) for b in timing.blocks])
     for phase, stats in timing.phases.items():
         joules = step_energy if phase == STEP else energy.empty(energy.STEP_ONLY)
-        yield {"phase": phase, **stats.as_row(), **joules, "flops": flops.get(phase), "warmup_s": timing.warmup_s,
-               "timed_s": timing.timed_s, "warmup_steps_run": timing.warmup_steps_run, "first_step_s": timing.first_step_s,
-               "stop_reason": timing.stop_reason, **timing.state, **extra}  # fmt: skip
+        yield {
+            "phase": phase,
+            **stats.as_row(),
+            **joules,
+            "flops": flops.get(phase),
+            "warmup_s": timing.warmup_s,
+            "timed_s": timing.timed_s,
+            "warmup_steps_run": timing.warmup_steps_run,
+            "first_step_s": timing.first_step_s,
+            "stop_reason": timing.stop_reason,
+            **timing.state,
+            **extra,
+        }

@@ -113,8 +113,10 @@ def validate_schema(config: dict, schema: Mapping[str, Any]) -> None:
             lines += [f"unknown config key {_path(list(err.absolute_path) + [k])!r} (allowed under {where}: {allowed})" for k in extra]
         elif err.validator == "pattern":  # a name: a path component of results/ and report/, or a device-name substring
             rule = err.schema.get("description", "see the schema")
-            lines.append(f"config key {_path(err.absolute_path)!r}: {err.instance!r} is not a valid name "
-                         f"(allowed: {rule}; pattern {err.validator_value})")  # fmt: skip
+            lines.append(
+                f"config key {_path(err.absolute_path)!r}: {err.instance!r} is not a valid name "
+                f"(allowed: {rule}; pattern {err.validator_value})"
+            )
         elif err.validator == "minItems" and "enum" in err.schema.get("items", {}):
             choices = ", ".join(map(str, err.schema["items"]["enum"]))
             lines.append(f"config key {_path(err.absolute_path)!r}: {err.message} (choose from {choices})")
@@ -210,9 +212,11 @@ def check_grid_size(config: Mapping[str, Any]) -> None:
         total += cells * passes
         parts.append(f"{study}: {' × '.join(map(str, lengths))} = {cells} cells" + (f" × {passes} passes" if passes > 1 else ""))
     if total > limit:
-        raise ConfigError(f"invalid config:\n  config key 'max_cell_jobs': the grids make {total} cell jobs ({'; '.join(parts)}); "
-                          f"a run plans at most {limit} (config/full.yaml makes about 3300): split the grids over several runs, "
-                          "or raise max_cell_jobs")  # fmt: skip
+        raise ConfigError(
+            f"invalid config:\n  config key 'max_cell_jobs': the grids make {total} cell jobs ({'; '.join(parts)}); "
+            f"a run plans at most {limit} (config/full.yaml makes about 3300): split the grids over several runs, "
+            "or raise max_cell_jobs"
+        )
 
 
 # --- the default run name: `run: auto` (the schema's default) names the run after the GPU -------
@@ -285,8 +289,10 @@ def resolve_run_name(config: dict) -> None:
     elif not config.get("check_local_cuda", True):
         # a SLURM login node: this machine's GPU (or none) is not the one the cells run on, and each job
         # parses the workflow again on its own node: the two would name different output paths
-        raise ConfigError("invalid config:\n  config key 'run': 'auto' names the run after this machine's GPU, but "
-                          "check_local_cuda: false says the cells run elsewhere: name the run, e.g. --config run=h100")  # fmt: skip
+        raise ConfigError(
+            "invalid config:\n  config key 'run': 'auto' names the run after this machine's GPU, but "
+            "check_local_cuda: false says the cells run elsewhere: name the run, e.g. --config run=h100"
+        )
     else:
         config["run"] = run_name_for(detected_gpu_name())
 

@@ -136,9 +136,12 @@ def _start_server(path: Path, log: Path) -> socket.socket | None:
         try:
             server = subprocess.Popen(
                 [sys.executable, "-m", "cs336sys.pipeline.warm", str(path)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE.parent), os.environ.get("PYTHONPATH")]))},
-            )  # fmt: skip
+            )
         finally:
             os.close(out)
         deadline = time.monotonic() + START_TIMEOUT_S

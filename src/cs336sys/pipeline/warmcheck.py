@@ -50,8 +50,18 @@ PER_JOB_ENV = ("SLURM_", "SNAKEMAKE_", "OLDPWD", "PWD", "SHLVL", "_")
 # What a cell reads from its job's environment (our switches, the GPU pinning, the compilers'
 # caches and logs, the allocator, threads, the cluster's job), matched as prefixes. Everything
 # else (PATH, LD_PRELOAD, PYTHON*, HOME, ...) the handler keeps from the server's own environment.
-PASSED_ENV = ("CS336SYS_", "CUDA_", "TRITON_", "TORCHINDUCTOR_", "TORCH_", "PYTORCH_", "NCCL_", "SLURM_",
-              "OMP_NUM_THREADS", "MKL_NUM_THREADS")  # fmt: skip
+PASSED_ENV = (
+    "CS336SYS_",
+    "CUDA_",
+    "TRITON_",
+    "TORCHINDUCTOR_",
+    "TORCH_",
+    "PYTORCH_",
+    "NCCL_",
+    "SLURM_",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+)
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 

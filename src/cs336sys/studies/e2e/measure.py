@@ -33,7 +33,7 @@ from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.flops import lm_forward_flops, phase_flops
 from cs336sys.measure.interleave import ArmsTiming, time_arms
 from cs336sys.measure.lm_steps import LMCell, graph_optimizer, graphed_lm_steps, lm_steps
-from cs336sys.measure.session import Policy, Session
+from cs336sys.measure.session import Session
 from cs336sys.measure.timing import STEP, StepClock, Timing, merge_timings, time_steps, timing_rows
 from cs336sys.models.dtypes import set_matmul_precision
 from cs336sys.models.optim import make_optimizer
@@ -101,13 +101,18 @@ def measure(
     alone: dict[str, tuple[Timing, dict[str, Any]]] = {}
     paired: dict[str, ArmsTiming] = {}
     notes: dict[str, str] = {}
-    steps, policy, metered = _first_blocks(session.policy, measure_steps, block_steps, bool(partners), device)
+    # With partners, the interleaved blocks below sample until the target and the cell's own blocks here need
+    # one (peak memory); on a GPU two, each long enough for the energy meter: interleaved blocks are not metered.
+    metered = bool(partners) and device.type == "cuda"
+    policy = dataclasses.replace(session.policy, target_rel=0.0, min_measure_s=0.0) if partners else session.policy
+    policy = dataclasses.replace(policy, trials=ENERGY_BLOCKS, min_measure_s=energy.MIN_BLOCK_S) if metered else policy
+    per_block = block_steps if partners else measure_steps
     try:
         for mode in run:
             context["mode"] = mode
             memory.reset_peak(device)
             with session.part("energy") if metered else contextlib.nullcontext():
-                timing = time_steps(own[mode], session, warmup=warmup_steps, steps=steps, device=device, policy=policy)
+                timing = time_steps(own[mode], session, warmup=warmup_steps, steps=per_block, device=device, policy=policy)
             extra = {"peak_mem_bytes": memory.peak_allocated_bytes(device)}
             if mode == "train":
                 extra["mem_before_bwd_bytes"] = memory_log.get("before_backward")
@@ -141,23 +146,14 @@ def measure(
     memory.release(device)
 
 
-def _first_blocks(policy: Policy, measure_steps: int, block_steps: int | None, partners: bool, device: torch.device):
-    """(steps per block, policy, metered) of the cell's own blocks timed alone, before any partner.
-
-    Alone, they are the cell's measurement. With partners, the interleaved blocks sample until the target
-    and these only need one block (peak memory); on a GPU two, each long enough for the energy meter: the
-    interleaved blocks are not metered (``measure.energy``).
-    """
-    if not partners:
-        return measure_steps, policy, False
-    policy = dataclasses.replace(policy, target_rel=0.0, min_measure_s=0.0)
-    if device.type != "cuda":
-        return block_steps, policy, False
-    return block_steps, dataclasses.replace(policy, trials=ENERGY_BLOCKS, min_measure_s=energy.MIN_BLOCK_S), True
-
-
-def _mode_rows(mode: str, alone: tuple[Timing, dict[str, Any]], result: ArmsTiming | None, notes: Mapping[str, str],
-               common: Mapping[str, Any], fwd: float) -> Iterator[dict[str, Any]]:  # fmt: skip
+def _mode_rows(
+    mode: str,
+    alone: tuple[Timing, dict[str, Any]],
+    result: ArmsTiming | None,
+    notes: Mapping[str, str],
+    common: Mapping[str, Any],
+    fwd: float,
+) -> Iterator[dict[str, Any]]:
     """One mode's rows: its phases (with their GPU time), its paired ratios, and why a partner is missing."""
     timing, extra = alone
     if result is not None:
@@ -191,15 +187,28 @@ def _pair_rows(result, mode: str, optimizer: str) -> Iterator[dict[str, Any]]:
                 continue
             ratio = result.ratio(OWN, name, phase)
             own_b, other_b = result.blocks[OWN][phase], result.blocks[name][phase]
-            yield {"kind": PAIR_KIND, "mode": mode, "phase": phase, "pair_with": name, "ratio": ratio.median,
-                   "ratio_ci_low": ratio.low, "ratio_ci_high": ratio.high, "pairs": ratio.n,
-                   "own_ms": result.arms[OWN].phases[phase].median_ms, "partner_ms": result.arms[name].phases[phase].median_ms,
-                   "own_blocks_ms": ";".join(f"{x:.4f}" for x in own_b), "partner_blocks_ms": ";".join(f"{x:.4f}" for x in other_b),
-                   "stop_reason": result.stop_reason, "optimizer": optimizer, "pair_note": ""}  # fmt: skip
+            yield {
+                "kind": PAIR_KIND,
+                "mode": mode,
+                "phase": phase,
+                "pair_with": name,
+                "ratio": ratio.median,
+                "ratio_ci_low": ratio.low,
+                "ratio_ci_high": ratio.high,
+                "pairs": ratio.n,
+                "own_ms": result.arms[OWN].phases[phase].median_ms,
+                "partner_ms": result.arms[name].phases[phase].median_ms,
+                "own_blocks_ms": ";".join(f"{x:.4f}" for x in own_b),
+                "partner_blocks_ms": ";".join(f"{x:.4f}" for x in other_b),
+                "stop_reason": result.stop_reason,
+                "optimizer": optimizer,
+                "pair_note": "",
+            }
 
 
-def _arms(own, cuda_graphs, partners, device, session: Session, cell: LMCell, model, run_model, inputs, targets,
-          opt) -> tuple[dict[str, dict[str, Callable[[StepClock], None]]], dict[str, str]]:  # fmt: skip
+def _arms(
+    own, cuda_graphs, partners, device, session: Session, cell: LMCell, model, run_model, inputs, targets, opt
+) -> tuple[dict[str, dict[str, Callable[[StepClock], None]]], dict[str, str]]:
     """Arm name → mode → step; and arm name → why it could not be built (its rows say so)."""
     precision, optimizer = cell.precision, cell.optimizer
     arms: dict[str, dict[str, Callable[[StepClock], None]]] = {OWN: own}

@@ -122,7 +122,12 @@ def measure(
     flops = attention_phase_flops(batch_size, num_heads, seq_len, head_dim, causal)
     for phase, stats in times.items():
         yield {
-            "mode": "train", "phase": phase, **stats.as_row(), "flops": flops[phase],
-            "batch_size": batch_size, "causal": int(causal), "peak_mem_bytes": peak,  # what the merge recounts FLOPs from
+            "mode": "train",
+            "phase": phase,
+            **stats.as_row(),
+            "flops": flops[phase],
+            "batch_size": batch_size,
+            "causal": int(causal),
+            "peak_mem_bytes": peak,  # what the merge recounts FLOPs from
             "memory_note": "" if device.type == "cuda" else memory.NO_CUDA_REASON,
-        }  # fmt: skip
+        }

@@ -73,14 +73,15 @@ def measure(
     snapshot = snap.load_snapshot(path)
     common = {"mode": mode, "snapshot_path": path}
     yield {
-        "kind": "summary", **common,
+        "kind": "summary",
+        **common,
         "peak_mem_bytes": memory.peak_allocated_bytes(device),
         "peak_reserved_bytes": memory.peak_reserved_bytes(device),
         "mem_before_bwd_bytes": log.get("before_backward"),
         # one fp32 residual-stream activation: batch × context × d_model × 4 bytes
         "residual_activation_bytes": cell.tokens * cell.spec.d_model * 4,
         "params": model.num_parameters(),
-    }  # fmt: skip
+    }
     timeline = _downsample(snap.active_timeline(snapshot), TIMELINE_POINTS)
     for rec in timeline.to_dict("records"):
         yield {"kind": "timeline", **common, **rec}
