@@ -1,8 +1,8 @@
 """What a test passes to a study's ``measure()``: a cell's complete settings from a validated config.
 
 ``measure()`` restates no default (the schema holds them all), so a test that calls it directly
-takes the settings a cell of the default config gets (``studies.measure_kwargs``) and replaces
-the few it cares about.
+takes the keyword arguments a cell of the default config gets (``pipeline.plan.plan_cell``) and
+replaces the few it cares about.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import functools
 from typing import Any
 
 from cs336sys import studies as S
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import validate_config
 
 
 @functools.cache
-def _default_config(study: str) -> dict[str, Any]:
+def _default_config(study: str) -> tuple[dict[str, Any], Any]:
     return validate_config({"run": "t", "device": "cpu", "studies": [study]})
 
 
@@ -27,13 +28,11 @@ def cell_kwargs(study: str, **values: Any) -> dict[str, Any]:
     (a test times its cell alone unless it says otherwise); an artifact study writes none
     (``artifact_dir`` None). A name the measurement does not take is an error, not ignored.
     """
-    config = copy.deepcopy(_default_config(study))
-    spec = S.study(study)
-    axes = {axis: config[study]["grid"][axis][0] for axis in spec.axes}
-    kwargs = S.measure_kwargs(study, axes, config)
-    if spec.artifacts:
-        kwargs.update(artifact_dir=None, cell_id="cell")
-    if spec.pairs:
+    config, offered = _default_config(study)
+    config = copy.deepcopy(config)
+    axes = {axis: config[study]["grid"][axis][0] for axis in S.study(study).axes}
+    kwargs = plan.plan_cell(study, axes, config, offered).kwargs()
+    if "partners" in kwargs:
         kwargs["partners"] = []
     unknown = sorted(set(values) - set(kwargs))
     if unknown:

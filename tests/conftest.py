@@ -147,17 +147,3 @@ def cfg(demo_config):
     import copy
 
     return copy.deepcopy(demo_config)
-
-
-@pytest.fixture(autouse=True)
-def _unprofiled_process():
-    """Each test starts as a fresh cell process would: not yet profiled (timing.check_not_profiled).
-
-    The tests share one process, and a GPU test that profiles would make every later test's timing
-    refuse; a test that wants the guard sets it itself.
-    """
-    from cs336sys.measure import timing
-
-    timing.reset_profiled()
-    yield
-    timing.reset_profiled()

@@ -15,6 +15,7 @@ import torch
 from cell_kwargs import cell_kwargs
 from cs336sys import studies as S
 from cs336sys.measure import flops as F
+from cs336sys.measure.session import Session
 from cs336sys.models.sizes import MODEL_SIZES
 from cs336sys.pipeline.merge import derive, load_study, merge_cells
 from cs336sys.rows import write_csv_atomic
@@ -143,6 +144,7 @@ def test_the_flash_and_attention_measurements_write_the_new_count():
         flash(
             cpu,
             {},
+            Session(),
             **cell_kwargs(
                 "flash", seq_len=128, head_dim=64, precision="fp32", impl="eager", num_heads=3, batch_size=2, causal=False, rep_ms=1
             ),
@@ -150,6 +152,6 @@ def test_the_flash_and_attention_measurements_write_the_new_count():
     )
     assert {r["phase"]: r["flops"] for r in rows} == {p: HAND[p] for p in ("forward", "backward", "forward_backward")}
     assert {r["causal"] for r in rows} == {0}  # so a re-merge need not guess it
-    rows = list(attention(cpu, {}, **cell_kwargs("attention", d_model=64, seq_len=128, activation="softmax", impl="eager", causal=1, precision="fp32",
+    rows = list(attention(cpu, {}, Session(), **cell_kwargs("attention", d_model=64, seq_len=128, activation="softmax", impl="eager", causal=1, precision="fp32",
                                                  batch_size=6, warmup_steps=1, measure_steps=2)))  # fmt: skip
     assert {r["phase"]: r["flops"] for r in rows if r["phase"] in HAND} == {p: 0.5 * HAND[p] for p in ("forward", "backward", "step")}

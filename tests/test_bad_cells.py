@@ -19,8 +19,10 @@ import pandas as pd
 import pytest
 
 from cs336sys import studies as S
+from cs336sys.catalog import BUILT_IN
 from cs336sys.cli import main
 from cs336sys.fileio import write_text_atomic
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import validate_config
 from cs336sys.pipeline.merge import load_study, merge_cells
 from cs336sys.rows import write_csv_atomic
@@ -150,7 +152,7 @@ COMMIT = "018351308966"  # all digits, leading zero: about 1 commit in 280 looks
 
 
 def _config() -> dict:
-    return validate_config({"run": "bad", "device": "cpu", "studies": ["attention"], "attention": {"grid": GRID}})
+    return validate_config({"run": "bad", "device": "cpu", "studies": ["attention"], "attention": {"grid": GRID}})[0]
 
 
 def _rows(cid: str, axes: dict) -> pd.DataFrame:
@@ -168,7 +170,7 @@ def cells(tmp_path) -> list[Path]:
     """The ten valid cell CSVs of a ten-cell attention grid, named as the workflow names them."""
     folder = tmp_path / "results" / "bad" / "attention" / "cells"
     paths = []
-    for cid, axes in S.grid("attention", _config()).items():
+    for cid, axes in plan.grid("attention", _config(), BUILT_IN).items():
         paths.append(folder / f"{cid}.csv")
         write_csv_atomic(_rows(cid, axes), paths[-1])
     assert len(paths) == 10

@@ -343,7 +343,7 @@ def test_exact_variant_ignores_num_features_in_its_cell_id(monkeypatch):
         main(["mha", "--variant", "exact-eager", "--num-features", "64", "--device", "cpu"])
     (cell,) = seen
     assert cell.cell_id.endswith("_num_features=0") and cell.axes["num_features"] == 0, cell.cell_id
-    assert cell.kwargs["num_features"] == 0
+    assert cell.kwargs()["num_features"] == 0
 
 
 def test_the_table_holds_at_least_60_bad_inputs():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from cell_kwargs import cell_kwargs
+from cs336sys.measure.session import Session
 from cs336sys.studies.memory.measure import measure as measure_memory
 from cs336sys.studies.profile.measure import measure as measure_profile
 
@@ -17,7 +18,7 @@ TINY = {"tiny": {"d_model": 64, "d_ff": 128, "num_layers": 2, "num_heads": 4}}
 
 @pytest.mark.gpu
 def test_memory_cell_rows_on_cuda(tmp_path):
-    rows = pd.DataFrame(measure_memory(torch.device("cuda"), {}, **cell_kwargs("memory", size="tiny", context_length=64, precision="fp32",
+    rows = pd.DataFrame(measure_memory(torch.device("cuda"), {}, Session(), **cell_kwargs("memory", size="tiny", context_length=64, precision="fp32",
                                                                                mode="train", batch_size=2, vocab_size=100, extra_sizes=TINY,
                                                                                artifact_dir=str(tmp_path), cell_id="tiny")))  # fmt: skip
     summary = rows[rows["kind"] == "summary"].iloc[0]
@@ -31,7 +32,7 @@ def test_memory_cell_rows_on_cuda(tmp_path):
 
 @pytest.mark.gpu
 def test_profile_cell_rows_on_cuda(tmp_path):
-    rows = pd.DataFrame(measure_profile(torch.device("cuda"), {}, **cell_kwargs("profile", size="tiny", context_length=64, precision="fp32",
+    rows = pd.DataFrame(measure_profile(torch.device("cuda"), {}, Session(), **cell_kwargs("profile", size="tiny", context_length=64, precision="fp32",
                                                                                 warmup_steps=1, measure_steps=2, profile_steps=2, batch_size=2, vocab_size=100,
                                                                                 extra_sizes=TINY, artifact_dir=str(tmp_path), cell_id="tiny")))  # fmt: skip
     kernels = rows[(rows["kind"] == "kernel") & (rows["mode"] == "train")]

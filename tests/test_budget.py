@@ -11,58 +11,41 @@ import torch
 
 from cell_kwargs import cell_kwargs
 from cs336sys.columns import TIME_COLUMNS, fold_of
-from cs336sys.measure import budget
-from cs336sys.measure.timing import Timing
+from cs336sys.measure.session import PARTS, Policy, Session
 from cs336sys.pipeline.cells import _time_columns
 from cs336sys.runs.efficiency import measuring_share, sweep_efficiency, time_split
 from cs336sys.runs.report import write_report
 
 
-@pytest.fixture(autouse=True)
-def fresh_budget():
-    budget.reset()
-    yield
-    budget.reset()
-
-
 def test_a_part_inside_another_counts_towards_the_outer_one():
-    with budget.part("pairs"):
-        with budget.part("timed"):  # a paired comparison's timed blocks are the comparison's
+    session = Session()
+    with session.part("pairs"):
+        with session.part("timed"):  # a paired comparison's timed blocks are the comparison's
             time.sleep(0.02)
-    with budget.part("check"):
+    with session.part("check"):
         time.sleep(0.01)
-    spent = budget.spent()
+    spent = session.spent()
     assert spent["pairs"] >= 0.02 and spent["check"] >= 0.01
     assert spent["timed"] == 0.0
     with pytest.raises(ValueError, match="unknown part 'compile'"):
-        with budget.part("compile"):
+        with session.part("compile"):
             pass
+    assert Session().spent() == dict.fromkeys(PARTS, 0.0)  # another cell's session counts from zero
 
 
-def test_a_counted_function_and_the_harness_split_by_its_own_warm_up():
-    @budget.counted("graph")
-    def capture():
-        time.sleep(0.01)
-        return "graphs"
-
-    @budget.timed_steps
-    def time_steps():
+def test_the_harness_splits_a_call_by_its_own_warm_up():
+    session = Session()
+    session.add_steps(warmup_s=0.01, total_s=0.03)  # the harness's own warm-up seconds: the rows' warmup_s
+    assert session.spent()["warmup"] == 0.01 and session.spent()["timed"] == pytest.approx(0.02)
+    with session.part("energy"):  # blocks timed for their energy: warm-up and blocks are the energy part's
         time.sleep(0.03)
-        return Timing(phases={}, warmup_s=0.01)  # the harness's own warm-up seconds: the rows' warmup_s
-
-    assert capture() == "graphs"
-    time_steps()
-    spent = budget.spent()
-    assert spent["graph"] >= 0.01
-    assert spent["warmup"] == pytest.approx(0.01) and spent["timed"] >= 0.02
-    with budget.part("energy"):  # blocks timed for their energy: warm-up and blocks are the energy part's
-        time_steps()
-    assert budget.spent()["warmup"] == pytest.approx(0.01) and budget.spent()["energy"] >= 0.03
+        session.add_steps(warmup_s=0.01, total_s=0.03)
+    assert session.spent()["warmup"] == 0.01 and session.spent()["energy"] >= 0.03
 
 
 def test_the_runner_splits_the_job_into_parts_that_add_up():
     now = time.monotonic()
-    clock = {"job": now - 10.0, "begun": now - 7.5, "spent": {**dict.fromkeys(budget.PARTS, 0.0), "warmup": 1.0, "timed": 4.0}}
+    clock = {"job": now - 10.0, "begun": now - 7.5, "spent": {**dict.fromkeys(PARTS, 0.0), "warmup": 1.0, "timed": 4.0}}
     cols = _time_columns(clock)
     assert set(cols) == set(TIME_COLUMNS)
     assert cols["time_job_s"] == pytest.approx(10.0, abs=0.05) and cols["time_startup_s"] == pytest.approx(2.5, abs=0.05)
@@ -85,12 +68,12 @@ def test_the_harness_marks_warm_up_and_timed_blocks_and_an_interleaved_compariso
     def step(clock):
         time.sleep(0.002)
 
-    cpu = torch.device("cpu")
-    time_steps(step, warmup=2, steps=3, device=cpu, trials=2, min_warmup_s=0.0, min_measure_s=0.0, target_rel=0.0)
-    after_steps = budget.spent()
+    cpu, session = torch.device("cpu"), Session(Policy(trials=2))
+    time_steps(step, session, warmup=2, steps=3, device=cpu)
+    after_steps = session.spent()
     assert after_steps["warmup"] >= 0.004 and after_steps["timed"] >= 0.012 and after_steps["pairs"] == 0.0
-    time_arms({"own": step, "partner": step}, warmup=1, block_steps=1, device=cpu, min_pairs=2, target_rel=0.0)
-    spent = budget.spent()
+    time_arms({"own": step, "partner": step}, session, warmup=1, block_steps=1, device=cpu, min_pairs=2)
+    spent = session.spent()
     assert spent["pairs"] >= 0.008  # its warm-up and blocks are the comparison's, not warm-up or timed
     assert (spent["warmup"], spent["timed"]) == (after_steps["warmup"], after_steps["timed"])
 
@@ -98,17 +81,22 @@ def test_the_harness_marks_warm_up_and_timed_blocks_and_an_interleaved_compariso
 def test_an_attention_cell_marks_its_correctness_check():
     from cs336sys.studies.attention.measure import measure
 
-    list(
-        measure(torch.device("cpu"), {}, **cell_kwargs("attention", d_model=16, seq_len=32, batch_size=1, warmup_steps=0, measure_steps=1))
-    )
-    assert budget.spent()["check"] > 0
+    session = Session()
+    kwargs = cell_kwargs("attention", d_model=16, seq_len=32, batch_size=1, warmup_steps=0, measure_steps=1)
+    list(measure(torch.device("cpu"), {}, session, **kwargs))
+    assert session.spent()["check"] > 0
 
 
 def test_a_flash_cell_marks_its_first_call_check_and_timed_calls():
     from cs336sys.studies.flash.measure import measure
 
-    list(measure(torch.device("cpu"), {}, **cell_kwargs("flash", seq_len=32, head_dim=16, precision="fp32", impl="eager", rep_ms=1.0)))
-    spent = budget.spent()
+    session = Session()
+    list(
+        measure(
+            torch.device("cpu"), {}, session, **cell_kwargs("flash", seq_len=32, head_dim=16, precision="fp32", impl="eager", rep_ms=1.0)
+        )
+    )
+    spent = session.spent()
     assert spent["warmup"] > 0 and spent["check"] > 0 and spent["timed"] > 0  # compilation and autotuning: its first call
 
 

@@ -19,7 +19,10 @@ import yaml
 from cell_kwargs import cell_kwargs
 from cs336sys import catalog
 from cs336sys import studies as S
+from cs336sys.catalog import BUILT_IN
+from cs336sys.measure.session import Session
 from cs336sys.models import attention as attn
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import load_schema, validate_config
 from cs336sys.rows import Skip
 from workflow_helpers import REPO, load_config
@@ -233,8 +236,8 @@ def test_flash_dispatch_skips_triton_on_cpu_and_forces_sdpa_backends(monkeypatch
 
 def test_flash_cells_and_measurement_follow_each_lines_unsupported_rule():
     grid = {"seq_len": [100, 128], "head_dim": [16, 64], "precision": ["bf16"], "impl": list(_offered("flash")), "num_heads": [1]}
-    section = validate_config({"run": "t", "device": "cpu", "studies": ["flash"], "flash": {"grid": grid}})["flash"]
-    cells = {(c["impl"], c["seq_len"], c["head_dim"]) for c in S.cells("flash", section)}
+    section = validate_config({"run": "t", "device": "cpu", "studies": ["flash"], "flash": {"grid": grid}})[0]["flash"]
+    cells = {(c["impl"], c["seq_len"], c["head_dim"]) for c in plan.cells("flash", section, BUILT_IN)}
     runs = {
         (i.name, L, d) for i in catalog.impls(catalog.FUSED) for L in (100, 128) for d in (16, 64) if not i.why_unsupported(L, d, "bf16")
     }
@@ -242,7 +245,7 @@ def test_flash_cells_and_measurement_follow_each_lines_unsupported_rule():
     from cs336sys.studies.flash.measure import measure
 
     with pytest.raises(Skip, match="unsupported by the Triton tutorial kernel: seq_len 100"):
-        next(measure(CPU, {}, **cell_kwargs("flash", seq_len=100, head_dim=64, precision="bf16", impl="tutorial")))
+        next(measure(CPU, {}, Session(), **cell_kwargs("flash", seq_len=100, head_dim=64, precision="bf16", impl="tutorial")))
 
 
 def test_unknown_names_are_refused_naming_the_allowed_ones():
@@ -280,7 +283,7 @@ def test_the_mha_studys_exact_variants_run_cores_the_catalog_serves():
 
     assert set(MHA_CORES) <= set(MHA_VARIANTS)
     assert set(MHA_CORES.values()) <= set(catalog.names(catalog.CORE))
-    assert S.cell_entries("mha", {"variant": "exact-sdpa"}) == ("sdpa",)
+    assert plan.cell_entries("mha", {"variant": "exact-sdpa"}, BUILT_IN) == ("sdpa",)
 
 
 def test_the_answers_split_ours_from_pytorchs_by_family():
@@ -307,9 +310,11 @@ def _toy(name: str = "scratch-toy", **changes) -> catalog.Impl:
 
 @pytest.fixture
 def scratch_catalog(monkeypatch):
-    """Registrations land in a copy of the catalog, dropped after the test."""
-    monkeypatch.setattr(catalog, "_IMPLS", dict(catalog._IMPLS))
+    """Registrations are dropped after the test."""
+    before = dict(catalog._IMPLS)
     yield
+    catalog._IMPLS.clear()
+    catalog._IMPLS.update(before)
     attn._callable.cache_clear()
 
 
@@ -337,15 +342,16 @@ def test_register_refuses_a_line_naming_unknown_things(scratch_catalog):
 def test_a_registered_implementation_is_offered_dispatched_and_hashed(scratch_catalog):
     from cs336sys.studies.flash.measure import _flash_fn
 
-    catalog.register(_toy(module="cs336sys.models.performer", entry={"softmax": "performer_attention"}))
+    toy = catalog.register(_toy(module="cs336sys.models.performer", entry={"softmax": "performer_attention"}))
     assert _offered("flash")[-1] == "scratch-toy" and "scratch-toy" in _offered("attention")
     assert "scratch-toy" not in _offered("e2e")
     from cs336sys.models.performer import performer_attention
 
     assert _flash_fn("scratch-toy", CPU)[0] is performer_attention
     axes = {"seq_len": 64, "head_dim": 16, "precision": "fp32", "num_heads": 1}
-    assert "cs336sys.models.performer" in S.cell_modules("flash", {**axes, "impl": "scratch-toy"})
-    assert "cs336sys.models.performer" not in S.cell_modules("flash", {**axes, "impl": "eager"})
+    offered = BUILT_IN.plus([toy])  # the line as a config's view holds it: planning asks the view, not the process
+    assert "cs336sys.models.performer" in plan.cell_modules("flash", {**axes, "impl": "scratch-toy"}, offered)
+    assert "cs336sys.models.performer" not in plan.cell_modules("flash", {**axes, "impl": "eager"}, offered)
 
 
 # ---------------------------------------------------------------- 4. code hashes: the same modules as before the catalog
@@ -375,9 +381,9 @@ BEFORE = {
 
 
 def _every_cell():
-    config = validate_config(load_config(REPO, "config/full.yaml"))
+    config, _ = validate_config(load_config(REPO, "config/full.yaml"))
     for study in config["studies"]:
-        cells = S.cells(study, config[study])
+        cells = plan.cells(study, config[study], BUILT_IN)
         yield from ((study, axes) for axes in cells)
         if "impl" in S.study(study).axes:  # and each implementation the schema allows, on a shape it runs
             for impl in _schema_impl_enum(study):
@@ -392,14 +398,14 @@ def test_every_cell_hashes_the_same_implementation_modules_as_before_the_catalog
     for study, axes in _every_cell():
         key = f"{study}:{axes.get('impl', axes.get('variant', '-'))}"
         if key not in BEFORE:  # a study or implementation added since: the modules of the lines it runs, no other kernel's
-            hashed = set(S.cell_modules(study, axes))
-            runs = {catalog.lookup(impl).module for impl in S.cell_entries(study, axes)}
+            hashed = set(plan.cell_modules(study, axes, BUILT_IN))
+            runs = {catalog.lookup(impl).module for impl in plan.cell_entries(study, axes, BUILT_IN)}
             kernels = {i.module for i in catalog.impls()} - {"cs336sys.models.attention"}  # the cores: a plain import
             assert runs <= hashed and not (hashed & kernels) - runs, f"{key}: hashes {sorted(hashed & kernels)}, runs {sorted(runs)}"
             if "impl" in S.study(study).axes:
                 assert catalog.lookup(axes["impl"]).module in hashed, key
             continue
-        hashed = tuple(m for m in WATCHED if m in S.cell_modules(study, axes))
+        hashed = tuple(m for m in WATCHED if m in plan.cell_modules(study, axes, BUILT_IN))
         assert hashed == BEFORE[key], f"{study} cell {S.cell_id(study, axes)} hashes {hashed}, before {BEFORE[key]}"
         checked.add(key)
     assert checked == set(BEFORE)

@@ -25,55 +25,53 @@ from cs336sys.rows import ENV_COLUMNS, Skip, order_columns, rows_to_frame, write
 # ---------------------------------------------------------------- measurements run in the child (module:function targets)
 
 
-def measure_rows(device, context, n=2, tag="x"):
+def measure_rows(device, context, session, n=2, tag="x", **axes):
     context["mode"] = "inference"
     for i in range(n):
         yield {"mode": "inference", "i": i, "tag": tag, "device_seen": str(device), "small_sum": int(torch.arange(5).sum())}
 
 
-def measure_then_oom(device, context):
+def measure_then_oom(device, context, session, **axes):
     context["mode"] = "inference"
     yield {"mode": "inference", "phase": "forward", "median_ms": 1.5}
     context["mode"] = "train"
     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nsecond line of the message")
 
 
-def measure_then_error(device, context):
+def measure_then_error(device, context, session, **axes):
     context["mode"] = "inference"
     yield {"mode": "inference", "phase": "forward", "median_ms": 1.5}
     context["mode"] = "train"
     raise ValueError("shapes do not match in train step")
 
 
-def measure_oom_without_message(device, context):
+def measure_oom_without_message(device, context, session, **axes):
     context["mode"] = "train"
     raise torch.OutOfMemoryError()
     yield  # pragma: no cover - makes this a generator
 
 
-def measure_skip(device, context):
+def measure_skip(device, context, session, **axes):
     raise Skip("needs a feature this machine lacks")
     yield  # pragma: no cover - makes this a generator
 
 
-def measure_exit_silently(device, context):
+def measure_exit_silently(device, context, session, **axes):
     yield {"i": 0}
     os._exit(3)
 
 
-def measure_threaded_torch(device, context):
+def measure_threaded_torch(device, context, session, **axes):
     # big enough that ATen and BLAS use their thread pools
     x = torch.randn(256, 256)
     y = (x @ x).sum() + torch.ones(1 << 20).add(1).sum()
     yield {"value": float(y), "threads": torch.get_num_threads()}
 
 
-def measure_with_parts(device, context):
-    from cs336sys.measure import budget
-
-    with budget.part("check"):
+def measure_with_parts(device, context, session, **axes):
+    with session.part("check"):
         time.sleep(0.3)
-    with budget.part("timed"):
+    with session.part("timed"):
         time.sleep(0.2)
     yield {"mode": "inference"}
 
@@ -196,9 +194,7 @@ def test_skip_raised_by_measurement_becomes_skipped():
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
 def test_cuda_cell_on_a_machine_without_cuda_is_skipped_with_the_reason():
-    cell = make_cell()
-    cell.device = "cuda"
-    rows = run_cell(cell)
+    rows = run_cell(dataclasses.replace(make_cell(), device="cuda"))
     assert [r["status"] for r in rows] == ["skipped"]
     assert "CUDA" in rows[0]["error"]
     assert rows[0]["device"] == "cuda"
@@ -240,9 +236,7 @@ def test_child_exiting_without_reporting_is_an_error_with_its_exit_code():
 
 @pytest.mark.slow
 def test_unimportable_target_is_an_error_row():
-    cell = make_cell()
-    cell.target = "cs336sys.no_such_module:measure"
-    rows = run_cell(cell)
+    rows = run_cell(dataclasses.replace(make_cell(), target="cs336sys.no_such_module:measure"))
     assert [r["status"] for r in rows] == ["error"]
     assert "no_such_module" in rows[0]["error"]
 

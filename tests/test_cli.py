@@ -105,8 +105,7 @@ def test_non_positive_and_out_of_range_numbers_are_rejected(capsys):
 def test_failed_cell_prints_its_row_writes_the_csv_and_exits_non_zero(monkeypatch, capsys, tiny_config, tmp_path):
     monkeypatch.setenv(FAULT_ENV, "oom")
     out_csv = tmp_path / "out" / "cell.csv"
-    code = main(["e2e", "--config", str(tiny_config), "--size", "tiny", "--context-length", "8",
-                 "--device", "cpu", "--csv", str(out_csv)])  # fmt: skip
+    code = main(["e2e", "--config", str(tiny_config), "--size", "tiny", "--context-length", "8", "--device", "cpu", "--csv", str(out_csv)])
     assert code == 1
     out = capsys.readouterr().out
     assert "| status" in out and "oom" in out
@@ -136,12 +135,39 @@ def test_tiny_e2e_run_via_python_dash_m(tmp_path, tiny_config):
     src = str(Path(__file__).resolve().parents[1] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
-        [sys.executable, "-m", "cs336sys", "e2e", "--config", str(tiny_config), "--size", "tiny",
-         "--context-length", "8", "--batch-size", "2", "--warmup-steps", "1", "--measure-steps", "2",
-         "--trials", "1", "--min-warmup-s", "0", "--min-measure-s", "0",  # exactly 2 timed steps per phase
-         "--csv", str(out_csv), "--timeout", "120"],
-        capture_output=True, text=True, env=env, timeout=180,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "cs336sys",
+            "e2e",
+            "--config",
+            str(tiny_config),
+            "--size",
+            "tiny",
+            "--context-length",
+            "8",
+            "--batch-size",
+            "2",
+            "--warmup-steps",
+            "1",
+            "--measure-steps",
+            "2",
+            "--trials",
+            "1",
+            "--min-warmup-s",
+            "0",
+            "--min-measure-s",
+            "0",  # exactly 2 timed steps per phase
+            "--csv",
+            str(out_csv),
+            "--timeout",
+            "120",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no CUDA device found; ran on CPU" in proc.stderr
 

@@ -10,7 +10,9 @@ import pytest
 import yaml
 
 from cs336sys import studies as S
+from cs336sys.catalog import BUILT_IN
 from cs336sys.models.sizes import known_sizes
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import ConfigError, load_schema, validate_config
 from workflow_helpers import DEMO, REPO, copy_repo, load_config, snakemake, write_yaml
 
@@ -132,7 +134,7 @@ def test_study_without_its_section_takes_the_schema_defaults(cfg):
         assert cfg["flash"]["grid"][axis] == flash["grid"]["properties"][axis]["default"], axis
     assert cfg["flash"]["timeout_s"] == flash["timeout_s"]["default"]
     assert set(cfg["flash"]["resources"]) == {"runtime_min", "mem_mb"}
-    assert S.grid("flash", cfg), "the default flash grid has no cell"
+    assert plan.grid("flash", cfg, BUILT_IN), "the default flash grid has no cell"
 
 
 def test_validation_fills_every_default_into_the_sections_it_checks(cfg):
@@ -160,14 +162,14 @@ def test_time_limit_is_not_a_cell_setting(cfg):
     """timeout_s travels as a job resource: changing it must not change what a cell measures (its params)."""
     validate_config(cfg, SCHEMA)
     for study in cfg["studies"]:
-        axes = next(iter(S.grid(study, cfg).values()))
-        before = S.cell_settings(study, axes, cfg)
-        assert "timeout_s" not in before["kwargs"] and "timeout_s" not in before
-        assert "resources" not in before["kwargs"] and "grid" not in before["kwargs"]
+        axes = next(iter(plan.grid(study, cfg, BUILT_IN).values()))
+        before = plan.plan_cell(study, axes, cfg, BUILT_IN).params()
+        assert "timeout_s" not in before["settings"] and "timeout_s" not in before
+        assert "resources" not in before["settings"] and "grid" not in before["settings"]
         changed = copy.deepcopy(cfg)
         changed[study]["timeout_s"] = cfg[study]["timeout_s"] * 2
         changed[study]["resources"]["runtime_min"] += 1
-        assert S.cell_settings(study, axes, changed) == before, study
+        assert plan.plan_cell(study, axes, changed, BUILT_IN).params() == before, study
 
 
 @pytest.mark.slow

@@ -108,10 +108,17 @@ SCHEMA = {
     "properties": {
         "studies": {"type": "array"},
         "peak_tflops": {"type": "object", "additionalProperties": {"type": "object"}},
-        "e2e": {"properties": {"grid": {"properties": {"size": {}, "precision": {}}}, "batch_size": {}, "trials": {}, "resources": {"$ref": "#/$defs/resources"}}},
+        "e2e": {
+            "properties": {
+                "grid": {"properties": {"size": {}, "precision": {}}},
+                "batch_size": {},
+                "trials": {},
+                "resources": {"$ref": "#/$defs/resources"},
+            }
+        },
         "toy": {"properties": {"grid": {"properties": {"width": {}}}}},
     },
-}  # fmt: skip
+}
 SNAPSHOT = {
     "studies": ["e2e"],
     "peak_tflops": {"H100": {"bf16": 989}},

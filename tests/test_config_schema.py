@@ -17,6 +17,8 @@ import yaml
 
 from cs336sys import cli
 from cs336sys import studies as S
+from cs336sys.catalog import BUILT_IN
+from cs336sys.pipeline import plan
 from cs336sys.pipeline import schema as schema_module
 from cs336sys.pipeline.config import ConfigError, load_schema, validate_config
 from workflow_helpers import REPO
@@ -80,10 +82,14 @@ def test_a_new_study_joins_the_schema_with_no_edit_to_the_top_level_file(toy):
     assert "toy" not in TOP.read_text()
     schema = load_schema()
     assert "toy" in schema["properties"]["studies"]["items"]["enum"]
-    config = validate_config({"run": "t", "device": "cpu", "studies": ["toy"]})
-    assert config["toy"] == {"grid": {"width": [2, 4], "depth": [1]}, "repeats": 3, "timeout_s": 60,
-                             "resources": {"runtime_min": 30, "mem_mb": 16000}}  # fmt: skip
-    assert len(S.grid("toy", config)) == 2
+    config, _ = validate_config({"run": "t", "device": "cpu", "studies": ["toy"]})
+    assert config["toy"] == {
+        "grid": {"width": [2, 4], "depth": [1]},
+        "repeats": 3,
+        "timeout_s": 60,
+        "resources": {"runtime_min": 30, "mem_mb": 16000},
+    }
+    assert len(plan.grid("toy", config, BUILT_IN)) == 2
     with pytest.raises(ConfigError, match=r"'toy\.repeat' \(allowed under toy: grid, repeats, timeout_s, resources\)"):
         validate_config({"run": "t", "device": "cpu", "studies": ["toy"], "toy": {"repeat": 2}})
     # the CLI's subcommand and flags come from the same section

@@ -16,6 +16,7 @@ from cell_kwargs import cell_kwargs
 from cs336sys import catalog, plugins
 from cs336sys.measure import correctness
 from cs336sys.measure.correctness import check_attention
+from cs336sys.measure.session import Session
 from cs336sys.models.attention import resolve, softmax_attention
 from cs336sys.rows import Wrong
 
@@ -52,14 +53,14 @@ def attention_cell(impl: str, **values) -> list[dict]:
     }
     from cs336sys.studies.attention import measure as attention
 
-    return list(attention.measure(CPU, {}, **cell_kwargs("attention", impl=impl, **values)))
+    return list(attention.measure(CPU, {}, Session(), **cell_kwargs("attention", impl=impl, **values)))
 
 
 def flash_cell(impl: str, **values) -> list[dict]:
     values = {"seq_len": 256, "head_dim": 16, "precision": "fp32", "num_heads": 2, "batch_size": 1, "causal": True, "rep_ms": 1.0, **values}
     from cs336sys.studies.flash import measure as flash
 
-    return list(flash.measure(CPU, {}, **cell_kwargs("flash", impl=impl, **values)))
+    return list(flash.measure(CPU, {}, Session(), **cell_kwargs("flash", impl=impl, **values)))
 
 
 # --- every tile ---------------------------------------------------------------------------------
@@ -197,8 +198,8 @@ def test_right_plugins_and_ours_still_time_in_both_studies():
 @pytest.mark.slow
 @pytest.mark.parametrize("study", ["attention", "flash"])
 def test_the_tile_bug_is_a_wrong_row_without_a_time(study):
-    from cs336sys import studies as S
-    from cs336sys.pipeline.cells import Cell, run_cell
+    from cs336sys.pipeline import plan
+    from cs336sys.pipeline.cells import run_cell
     from cs336sys.pipeline.config import validate_config
 
     section = {"path": str(FIXTURE), "attention": {"no-rescale": {"function": NO_RESCALE, "form": "callable"}}}
@@ -206,9 +207,8 @@ def test_the_tile_bug_is_a_wrong_row_without_a_time(study):
         "attention": {"d_model": [16], "seq_len": [256], "activation": ["softmax"], "impl": ["no-rescale"]},
         "flash": {"seq_len": [256], "head_dim": [16], "precision": ["fp32"], "impl": ["no-rescale"], "num_heads": [1]},
     }[study]
-    config = validate_config({"run": "t", "device": "cpu", "studies": [study], "plugins": section, study: {"grid": grid}})
-    (axes,) = S.grid(study, config).values()
-    plugins.activate({})  # the child registers the name from the cell's settings alone
-    (row,) = run_cell(Cell(**S.cell_settings(study, axes, config), timeout_s=300))
+    config, offered = validate_config({"run": "t", "device": "cpu", "studies": [study], "plugins": section, study: {"grid": grid}})
+    (axes,) = plan.grid(study, config, offered).values()
+    (row,) = run_cell(plan.plan_cell(study, axes, config, offered))  # the child registers the name from the cell's settings alone
     assert row["status"] == "wrong", row
     assert "against a float64 reference (batch, heads, L, d) = (2, 1, 300, 16)" in row["error"] and "median_ms" not in row

@@ -20,6 +20,7 @@ from cs336sys.catalog import LM
 from cs336sys.columns import TIMING_COLUMNS, fold_of
 from cs336sys.measure import energy
 from cs336sys.measure.energy import COUNTER, Reading, energy_stats
+from cs336sys.measure.session import Session
 from cs336sys.measure.stats import summarize_trials
 from cs336sys.measure.timing import STEP, bench_stats
 from cs336sys.pipeline.merge import derive
@@ -81,7 +82,7 @@ def test_energy_columns_are_reserved_timing_columns():
 
 
 def test_do_bench_rows_are_empty_with_the_reason():
-    row = bench_stats(lambda: None, CPU, rep_ms=1, trials=1).as_row()
+    row = bench_stats(lambda: None, CPU, Session(), rep_ms=1).as_row()
     assert row["energy_j"] is None and row["energy_note"] == energy.DO_BENCH
 
 
@@ -94,7 +95,7 @@ TINY = {"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2}}
 def test_cpu_rows_have_the_energy_columns_empty_with_a_reason():
     from cs336sys.studies.e2e.measure import measure
 
-    rows = list(measure(CPU, {}, **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32", batch_size=2, vocab_size=100,
+    rows = list(measure(CPU, {}, Session(), **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32", batch_size=2, vocab_size=100,
                                                warmup_steps=1, measure_steps=2, extra_sizes=TINY, partners=({"cuda_graphs": True}, {"precision": "bf16"}))))  # fmt: skip
     timed = [r for r in rows if r.get("kind") != "pair" and "median_ms" in r]
     assert timed

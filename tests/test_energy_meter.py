@@ -16,6 +16,7 @@ import torch
 
 from cs336sys.measure import energy
 from cs336sys.measure.energy import COUNTER, SAMPLED, NvmlMeter, Reading, Sampler, counter_watts, energy_stats, power_watts, trapezoid
+from cs336sys.measure.session import Policy, Session
 from cs336sys.measure.timing import STEP, StepClock, time_steps, timing_rows
 
 CPU = torch.device("cpu")
@@ -69,9 +70,8 @@ def sleeping_step(seconds: float):
 
 
 def timed_rows(meter, monkeypatch, step_s=0.01, min_measure_s=1.2, trials=1):
-    monkeypatch.setattr(energy, "meter_for", lambda device_type: meter)
-    settings = {"trials": trials, "min_warmup_s": 0.0, "min_measure_s": min_measure_s, "target_rel": 0.0}
-    timing = time_steps(sleeping_step(step_s), warmup=1, steps=3, device=CPU, **settings)
+    session = Session(Policy(trials=trials, min_measure_s=min_measure_s), meter_=meter)
+    timing = time_steps(sleeping_step(step_s), session, warmup=1, steps=3, device=CPU)
     return timing, {r["phase"]: r for r in timing_rows(timing, {}, {})}
 
 
@@ -255,7 +255,7 @@ def test_nvml_that_fails_to_start_is_a_reason_not_an_error():
 
 
 def test_cpu_device_gets_no_meter_but_the_reason():
-    meter = energy.meter_for("cpu")
+    meter = Session().meter("cpu")
     meter.begin()
     assert meter.end([1.0, 2.0]) == Reading(None, 0.003, 2, "", energy.NO_CUDA, None)
 
@@ -265,7 +265,7 @@ def test_cpu_device_gets_no_meter_but_the_reason():
 
 @pytest.mark.gpu
 def test_the_counter_rises_over_a_second_of_matmuls_at_a_plausible_power():
-    meter = energy.meter_for("cuda")
+    meter = Session().meter("cuda")
     assert meter.source == COUNTER, meter.note
     a = torch.randn(4096, 4096, device="cuda")
     torch.cuda.synchronize()
@@ -293,11 +293,10 @@ def test_the_energy_check_runs_a_workload_end_to_end(monkeypatch):
 
     nvml = fake_nvml(watts=300.0, read_s=0.001)
     meter = NvmlMeter(index=0, nvml=nvml)
-    monkeypatch.setattr(energy, "meter_for", lambda device_type: meter)
     monkeypatch.setitem(energy_check.LM, "extra_sizes", {"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2}})
     monkeypatch.setitem(energy_check.LM, "impl", "eager")
     args = argparse.Namespace(window_s=0.5, blocks=2, pairs=2, reads=20, warm_s=0.05)
-    row = energy_check.check("tiny fp32 inference", "tiny", "fp32", args, nvml, None, CPU)
+    row = energy_check.check("tiny fp32 inference", "tiny", "fp32", args, nvml, None, CPU, Session(meter_=meter))
     assert row["pipeline_j"] == pytest.approx(300.0 * row["step_ms"] / 1e3, rel=0.5)  # the blocks' steps vary on a shared CPU
     assert row["window_steps"] > 0 and row["read_ms"] >= 1.0 and row["cost"] > 0 and row["pairs"] == 2
     assert energy_check.verdict(row) in ("ok", "FAIL") and "tiny fp32 inference" in energy_check.table([row])

@@ -11,6 +11,7 @@ import torch
 from cell_kwargs import cell_kwargs
 from cs336sys.measure import gpu_state
 from cs336sys.measure.busy import gpu_busy_share
+from cs336sys.measure.session import Policy, Session
 from cs336sys.measure.timing import StepClock, bench_stats
 from cs336sys.pipeline.cells import Cell, run_cell
 
@@ -18,10 +19,28 @@ TINY = {"tiny": {"d_model": 64, "d_ff": 256, "num_layers": 2, "num_heads": 4}}
 
 
 def _attention_cell(memory_fraction):
-    kwargs = cell_kwargs("attention", d_model=64, seq_len=8192, activation="softmax", impl="eager", causal=True,
-                         precision="fp32", batch_size=8, warmup_steps=1, measure_steps=2)  # fmt: skip
-    return Cell("attention", "cap", {"seq_len": 8192}, "cs336sys.studies.attention.measure:measure", kwargs,
-                device="cuda", timeout_s=300, memory_fraction=memory_fraction, timing={"trials": 1})  # fmt: skip
+    kwargs = cell_kwargs(
+        "attention",
+        d_model=64,
+        seq_len=8192,
+        activation="softmax",
+        impl="eager",
+        causal=True,
+        precision="fp32",
+        batch_size=8,
+        warmup_steps=1,
+        measure_steps=2,
+    )
+    return Cell(
+        "attention",
+        "cap",
+        {"seq_len": 8192},
+        "cs336sys.studies.attention.measure:measure",
+        kwargs,
+        device="cuda",
+        timeout_s=300,
+        memory_fraction=memory_fraction,
+    )
 
 
 @pytest.mark.gpu
@@ -37,9 +56,21 @@ def test_memory_cap_turns_a_cell_that_fits_into_oom():
 
 @pytest.mark.gpu
 def test_cuda_graph_cell_replays_one_graph_per_phase():
-    kwargs = cell_kwargs("e2e", size="tiny", context_length=128, precision="bf16", impl="sdpa", compile=False, cuda_graphs=True,
-                         warmup_steps=2, measure_steps=5, batch_size=4, vocab_size=1000, extra_sizes=TINY)  # fmt: skip
-    cell = Cell("e2e", "graphs", {}, "cs336sys.studies.e2e.measure:measure", kwargs, device="cuda", timeout_s=300, timing={"trials": 2})
+    kwargs = cell_kwargs(
+        "e2e",
+        size="tiny",
+        context_length=128,
+        precision="bf16",
+        impl="sdpa",
+        compile=False,
+        cuda_graphs=True,
+        warmup_steps=2,
+        measure_steps=5,
+        batch_size=4,
+        vocab_size=1000,
+        extra_sizes=TINY,
+    )
+    cell = Cell("e2e", "graphs", {}, "cs336sys.studies.e2e.measure:measure", kwargs, device="cuda", timeout_s=300, policy=Policy(trials=2))
     rows = pd.DataFrame(run_cell(cell))
     assert set(rows["status"]) == {"ok"}, rows["error"].tolist()
     phases = rows.groupby("mode")["phase"].agg(set).to_dict()
@@ -67,8 +98,9 @@ def test_busy_share_separates_a_gpu_bound_step_from_a_launch_bound_one():
         for _ in range(200):
             small.add_(1)
 
-    assert gpu_busy_share(gpu_bound, device) > 0.9
-    assert gpu_busy_share(launch_bound, device) < gpu_busy_share(gpu_bound, device)
+    session = Session()
+    assert gpu_busy_share(gpu_bound, device, session) > 0.9
+    assert gpu_busy_share(launch_bound, device, session) < gpu_busy_share(gpu_bound, device, session)
 
 
 @pytest.mark.gpu
@@ -76,6 +108,6 @@ def test_gpu_state_reads_clocks_and_bench_stats_keeps_every_call():
     state = gpu_state.gpu_state(0)
     assert state["gpu_uuid"].startswith("GPU-") and int(state["sm_clock_mhz"]) > 0, state
     x = torch.randn(2048, 2048, device="cuda")
-    stats = bench_stats(lambda: x @ x, torch.device("cuda"), rep_ms=20, trials=2)
+    stats = bench_stats(lambda: x @ x, torch.device("cuda"), Session(Policy(trials=2)), rep_ms=20)
     assert stats.n > 10 and len(stats.trial_medians_ms) == 2
     assert stats.ci_low_ms <= stats.median_ms <= stats.ci_high_ms

@@ -42,7 +42,7 @@ PRECIOUS = "precious contents\n"
 # ---------------------------------------------------------------- the measurement the cells run (in the child)
 
 
-def measure_sleep(device, context, s=0.0, marker=None):
+def measure_sleep(device, context, session, s=0.0, marker=None, **axes):
     context["mode"] = "inference"
     if marker:
         Path(marker).touch()  # tells the test the measurement is under way

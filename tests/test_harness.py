@@ -20,6 +20,7 @@ from cs336sys.measure.flops import (
     mha_forward_flops,
     phase_flops,
 )
+from cs336sys.measure.session import Policy, Session
 from cs336sys.measure.timing import STEP, StepClock, summarize, time_steps
 from cs336sys.models.mha import MultiHeadAttention
 from cs336sys.models.model import TransformerLM
@@ -75,7 +76,7 @@ def run_fake(warmup=2, steps=4):
         with clock.phase("backward"):
             fake.advance(bwd)
 
-    timing = time_steps(step, warmup=warmup, steps=steps, device=CPU, clock=fake, sync=sync)
+    timing = time_steps(step, Session(), warmup=warmup, steps=steps, device=CPU, clock=fake, sync=sync)
     assert next(plan, None) is None  # exactly warmup + steps steps ran
     return timing, synced
 
@@ -122,7 +123,7 @@ def test_zero_warmup_and_single_step():
 
 def test_time_steps_needs_at_least_one_step():
     with pytest.raises(ValueError):
-        time_steps(lambda clock: None, warmup=0, steps=0, device=CPU)
+        time_steps(lambda clock: None, Session(), warmup=0, steps=0, device=CPU)
 
 
 def test_phase_entered_twice_in_a_step_is_summed():
@@ -134,7 +135,7 @@ def test_phase_entered_twice_in_a_step_is_summed():
         with clock.phase("forward"):
             fake.advance(3)
 
-    timing = time_steps(step, warmup=0, steps=2, device=CPU, clock=fake, sync=lambda d: None)
+    timing = time_steps(step, Session(), warmup=0, steps=2, device=CPU, clock=fake, sync=lambda d: None)
     assert timing.phases["forward"].samples_ms == [5 * TICK_MS, 5 * TICK_MS]
 
 
@@ -145,7 +146,7 @@ def test_time_steps_with_real_clock_nests_phases_inside_steps():
         with clock.phase("backward"):
             sum(range(20000))
 
-    timing = time_steps(step, warmup=1, steps=5, device=CPU)
+    timing = time_steps(step, Session(), warmup=1, steps=5, device=CPU)
     for s, f, b in zip(timing.phases[STEP].samples_ms, timing.phases["forward"].samples_ms, timing.phases["backward"].samples_ms):
         assert 0 < f and 0 < b and f + b <= s
 
@@ -246,9 +247,13 @@ def _frame(**cols):
 
 def test_tflops_and_tokens_per_second_use_the_median():
     df = _frame(
-        median_ms=[2.0, 4.0], mean_ms=[100.0, 100.0], flops=[1e12, 3e12], tokens=[1000, 1000],
-        device_name=["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"], precision=["bf16", "fp32"],
-    )  # fmt: skip
+        median_ms=[2.0, 4.0],
+        mean_ms=[100.0, 100.0],
+        flops=[1e12, 3e12],
+        tokens=[1000, 1000],
+        device_name=["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"],
+        precision=["bf16", "fp32"],
+    )
     out = add_derived(df)
     np.testing.assert_allclose(out["tflops"], [500.0, 750.0])
     np.testing.assert_allclose(out["tokens_per_s"], [500_000.0, 250_000.0])
@@ -258,8 +263,9 @@ def test_tflops_and_tokens_per_second_use_the_median():
 
 
 def test_mfu_uses_the_most_specific_h100_entry():
-    df = _frame(median_ms=[1.0] * 3, flops=[1e12] * 3, precision=["bf16"] * 3,
-                device_name=["NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200"])  # fmt: skip
+    df = _frame(
+        median_ms=[1.0] * 3, flops=[1e12] * 3, precision=["bf16"] * 3, device_name=["NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200"]
+    )
     out = add_derived(df)
     np.testing.assert_allclose(out["mfu_pct"], [100 * 1000 / 756.0, 100 * 1000 / 835.0, 100 * 1000 / 989.4])
     assert peak_tflops("NVIDIA A100-SXM4-80GB", "tf32") == 156.0
@@ -287,10 +293,19 @@ def test_config_overrides_extend_and_replace_the_peak_table():
 
 
 def test_failure_rows_without_measurements_get_empty_metrics():
-    df = pd.DataFrame([
-        {"status": "ok", "median_ms": 2.0, "flops": 4e12, "tokens": 10, "precision": "bf16", "device_name": "NVIDIA H100 80GB HBM3"},
-        {"status": "oom", "median_ms": None, "flops": None, "tokens": None, "precision": "bf16", "device_name": "NVIDIA H100 80GB HBM3"},
-    ])  # fmt: skip
+    df = pd.DataFrame(
+        [
+            {"status": "ok", "median_ms": 2.0, "flops": 4e12, "tokens": 10, "precision": "bf16", "device_name": "NVIDIA H100 80GB HBM3"},
+            {
+                "status": "oom",
+                "median_ms": None,
+                "flops": None,
+                "tokens": None,
+                "precision": "bf16",
+                "device_name": "NVIDIA H100 80GB HBM3",
+            },
+        ]
+    )
     out = add_derived(df)
     assert out["tflops"].iloc[0] == pytest.approx(2000.0)
     assert math.isnan(out["tflops"].iloc[1]) and math.isnan(out["mfu_pct"].iloc[1]) and math.isnan(out["tokens_per_s"].iloc[1])
@@ -302,8 +317,25 @@ def test_failure_rows_without_measurements_get_empty_metrics():
 
 def test_measure_attention_rows():
     ctx = {}
-    rows = list(measure_attention(CPU, ctx, **cell_kwargs("attention", d_model=8, seq_len=16, activation="relu", impl="eager", causal=True,
-                                                          precision="fp32", batch_size=2, warmup_steps=1, measure_steps=3)))  # fmt: skip
+    rows = list(
+        measure_attention(
+            CPU,
+            ctx,
+            Session(),
+            **cell_kwargs(
+                "attention",
+                d_model=8,
+                seq_len=16,
+                activation="relu",
+                impl="eager",
+                causal=True,
+                precision="fp32",
+                batch_size=2,
+                warmup_steps=1,
+                measure_steps=3,
+            ),
+        )
+    )
     assert ctx["mode"] == "train"
     by_phase = {r["phase"]: r for r in rows}
     assert set(by_phase) == {"forward", "backward", STEP}
@@ -321,7 +353,10 @@ def test_measure_attention_rejects_invalid_and_skips_cuda_only_impls(monkeypatch
     with pytest.raises(ValueError):
         next(
             measure_attention(
-                CPU, {}, **cell_kwargs("attention", d_model=8, seq_len=8, activation="relu", impl="sdpa", causal=False, precision="fp32")
+                CPU,
+                {},
+                Session(),
+                **cell_kwargs("attention", d_model=8, seq_len=8, activation="relu", impl="sdpa", causal=False, precision="fp32"),
             )
         )
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -330,6 +365,7 @@ def test_measure_attention_rejects_invalid_and_skips_cuda_only_impls(monkeypatch
             measure_attention(
                 CPU,
                 {},
+                Session(),
                 **cell_kwargs("attention", d_model=8, seq_len=8, activation="softmax", impl="triton", causal=False, precision="fp32"),
             )
         )
@@ -337,8 +373,24 @@ def test_measure_attention_rejects_invalid_and_skips_cuda_only_impls(monkeypatch
 
 def test_measure_mha_rows():
     ctx = {}
-    rows = list(measure_mha(CPU, ctx, **cell_kwargs("mha", embed_dim=16, num_heads=4, seq_len=12, variant="performer", kernel="relu",
-                                                    num_features=8, warmup_steps=1, measure_steps=2)))  # fmt: skip
+    rows = list(
+        measure_mha(
+            CPU,
+            ctx,
+            Session(),
+            **cell_kwargs(
+                "mha",
+                embed_dim=16,
+                num_heads=4,
+                seq_len=12,
+                variant="performer",
+                kernel="relu",
+                num_features=8,
+                warmup_steps=1,
+                measure_steps=2,
+            ),
+        )
+    )
     assert {(r["mode"], r["phase"]) for r in rows} == {
         ("inference", "forward"),
         ("inference", STEP),
@@ -363,8 +415,24 @@ TINY_EXTRA = {"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 
 
 def test_measure_e2e_rows():
     ctx = {}
-    rows = list(measure_e2e(CPU, ctx, **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32", batch_size=2, vocab_size=100,
-                                                    warmup_steps=1, measure_steps=2, extra_sizes=TINY_EXTRA)))  # fmt: skip
+    rows = list(
+        measure_e2e(
+            CPU,
+            ctx,
+            Session(),
+            **cell_kwargs(
+                "e2e",
+                size="tiny",
+                context_length=8,
+                precision="fp32",
+                batch_size=2,
+                vocab_size=100,
+                warmup_steps=1,
+                measure_steps=2,
+                extra_sizes=TINY_EXTRA,
+            ),
+        )
+    )
     phases = [(r["mode"], r["phase"]) for r in rows]
     assert len(phases) == len(set(phases)) == 6
     optimizer = [p for m, p in phases if m == "train" and p not in ("forward", "backward", STEP)]
@@ -391,21 +459,44 @@ def test_measure_e2e_rows():
 
 
 def test_measure_e2e_bf16_forward_only_and_bad_arguments():
-    rows = list(measure_e2e(CPU, {}, **cell_kwargs("e2e", size="tiny", context_length=8, precision="bf16", batch_size=1, vocab_size=100,
-                                                   warmup_steps=0, measure_steps=1, modes=("inference",), extra_sizes=TINY_EXTRA)))  # fmt: skip
+    rows = list(
+        measure_e2e(
+            CPU,
+            {},
+            Session(),
+            **cell_kwargs(
+                "e2e",
+                size="tiny",
+                context_length=8,
+                precision="bf16",
+                batch_size=1,
+                vocab_size=100,
+                warmup_steps=0,
+                measure_steps=1,
+                modes=("inference",),
+                extra_sizes=TINY_EXTRA,
+            ),
+        )
+    )
     assert {r["mode"] for r in rows} == {"inference"}
     with pytest.raises(ValueError, match="tiny"):  # not a known size without extra_sizes
-        next(measure_e2e(CPU, {}, **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32")))
+        next(measure_e2e(CPU, {}, Session(), **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32")))
     with pytest.raises(ValueError, match="inference"):
         next(
             measure_e2e(
-                CPU, {}, **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32", modes=("bogus",), extra_sizes=TINY_EXTRA)
+                CPU,
+                {},
+                Session(),
+                **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32", modes=("bogus",), extra_sizes=TINY_EXTRA),
             )
         )
     with pytest.raises(Skip):
         next(
             measure_e2e(
-                CPU, {}, **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32", impl="triton", extra_sizes=TINY_EXTRA)
+                CPU,
+                {},
+                Session(),
+                **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32", impl="triton", extra_sizes=TINY_EXTRA),
             )
         )
 
@@ -424,11 +515,11 @@ def test_git_commit_can_be_named_where_the_tree_has_no_git(monkeypatch):
 def test_time_based_warmup_only_for_a_gpu_that_was_idle(monkeypatch):
     # min_warmup_s brings an idle GPU to its clocks; the next mode of a cell follows at once and
     # runs its warm-up steps only, unless WARM_GAP_S passed since this process's last GPU work
-    import cs336sys.measure.timing as timing
+    from cs336sys.measure import session as sessions
 
     now = [1000.0]
-    monkeypatch.setattr(timing.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(timing, "_gpu_busy_at", None)
+    monkeypatch.setattr(sessions.time, "monotonic", lambda: now[0])
+    session = Session(Policy(min_warmup_s=50 * TICK_S))
     fake = FakeClock()
     ran = []
 
@@ -436,14 +527,14 @@ def test_time_based_warmup_only_for_a_gpu_that_was_idle(monkeypatch):
         ran.append(1)
         fake.advance(10)
 
-    def count(**kw):
+    def count():
         ran.clear()
-        t = time_steps(step, warmup=1, steps=1, device=CPU, clock=fake, sync=lambda d: None, min_warmup_s=50 * TICK_S, **kw)
+        t = time_steps(step, session, warmup=1, steps=1, device=CPU, clock=fake, sync=lambda d: None)
         return len(ran), t
 
     first, t = count()
     assert first == 5 + 1 and t.warmup_steps_run == 5  # 5 steps of 10 ticks reach 50 ticks
     assert t.timed_s == pytest.approx(10 * TICK_S)
     assert count()[0] == 1 + 1  # right after: the warm-up steps only
-    now[0] += timing.WARM_GAP_S + 0.1
+    now[0] += sessions.WARM_GAP_S + 0.1
     assert count()[0] == 5 + 1  # idle for longer: time-based again

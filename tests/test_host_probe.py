@@ -13,18 +13,14 @@ import torch
 from cell_kwargs import cell_kwargs
 from cs336sys.analysis.passes import HOST_PROBE, combine_passes
 from cs336sys.measure import busy, host_probe, timing
+from cs336sys.measure.session import Policy, Session
 from cs336sys.pipeline.cells import Cell, run_cell
 
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_timing():
-    timing.reset_profiled()
-    timing.configure(target_rel=0.2, max_measure_s=0.3)
-    yield
-    timing.reset_profiled()
-    timing.configure(target_rel=0.0, max_measure_s=0.0)
+def session() -> Session:
+    return Session(Policy(target_rel=0.2, max_measure_s=0.3))
 
 
 # ---------------------------------------------------------------- the probe
@@ -61,17 +57,17 @@ def test_a_failing_probe_leaves_the_column_empty_and_the_sample_intact(monkeypat
 
 
 def test_a_timed_block_records_the_probe_before_and_after():
-    t = timing.time_steps(lambda clock: None, warmup=1, steps=2, device=CPU, trials=1, target_rel=0.0,
-                          state=host_probe.with_probe(lambda: {"load_avg_1m": 0.5}, CPU))  # fmt: skip
+    probed = Session(state=host_probe.with_probe(lambda: {"load_avg_1m": 0.5}, CPU))
+    t = timing.time_steps(lambda clock: None, probed, warmup=1, steps=2, device=CPU)
     for side in ("start", "end"):
         assert t.state[f"{side}_load_avg_1m"] == 0.5
         assert t.state[f"{side}_{HOST_PROBE}"] > 0
 
 
-def measure_timed(device, context):
-    """A cell's measurement (run in the child by run_cell): one timed block with the sampler the runner configured."""
+def measure_timed(device, context, session, **axes):
+    """A cell's measurement (run in the child by run_cell): one timed block with the sampler of the runner's session."""
     context["mode"] = "inference"
-    t = timing.time_steps(lambda clock: None, warmup=1, steps=2, device=device, trials=1, target_rel=0.0)
+    t = timing.time_steps(lambda clock: None, session, warmup=1, steps=2, device=device, policy=Policy())
     yield {"mode": "inference", "phase": "step", **t.state}
 
 
@@ -136,7 +132,7 @@ LM = dict(size="tiny", context_length=16, precision="fp32", impl="eager", warmup
 def test_profile_timing_rows_on_a_cpu_carry_an_empty_busy_share_and_why():
     from cs336sys.studies.profile import measure as prof
 
-    rows = pd.DataFrame(prof.measure(CPU, {}, **cell_kwargs("profile", **LM)))
+    rows = pd.DataFrame(prof.measure(CPU, {}, session(), **cell_kwargs("profile", **LM)))
     timed = rows[rows["kind"] == "timing"]
     assert set(timed["mode"]) == {"inference", "train"}
     assert timed["gpu_busy_frac"].isna().all()
@@ -149,13 +145,13 @@ def test_profile_measures_the_busy_share_after_every_timing(monkeypatch):
 
     calls = []
 
-    def gpu_busy_share(step, device, steps=3):
+    def gpu_busy_share(step, device, session, steps=3):
         calls.append("busy")
-        timing.mark_profiled("a stand-in profiler")  # what torch.profiler does on a GPU
+        session.mark_profiled("a stand-in profiler")  # what torch.profiler does on a GPU
         return 0.42
 
     monkeypatch.setattr(prof, "gpu_busy_share", gpu_busy_share)
-    rows = pd.DataFrame(prof.measure(CPU, {}, **cell_kwargs("profile", **LM)))  # raises if any mode is timed after the stand-in
+    rows = pd.DataFrame(prof.measure(CPU, {}, session(), **cell_kwargs("profile", **LM)))  # raises if any mode is timed after the stand-in
     timed = rows[rows["kind"] == "timing"]
     assert calls == ["busy", "busy"]
     assert (timed["gpu_busy_frac"] == 0.42).all() and (timed["gpu_busy_note"] == "").all()
@@ -164,11 +160,11 @@ def test_profile_measures_the_busy_share_after_every_timing(monkeypatch):
 def test_profile_out_of_memory_under_the_busy_profiler_costs_only_the_share(monkeypatch):
     from cs336sys.studies.profile import measure as prof
 
-    def gpu_busy_share(step, device, steps=3):
+    def gpu_busy_share(step, device, session, steps=3):
         raise torch.OutOfMemoryError("CUDA out of memory (test)")
 
     monkeypatch.setattr(prof, "gpu_busy_share", gpu_busy_share)
-    rows = pd.DataFrame(prof.measure(CPU, {}, **cell_kwargs("profile", **LM)))
+    rows = pd.DataFrame(prof.measure(CPU, {}, session(), **cell_kwargs("profile", **LM)))
     timed = rows[rows["kind"] == "timing"]
     assert len(timed) and timed["gpu_busy_frac"].isna().all()
     assert timed["gpu_busy_note"].str.contains("out of memory under the profiler").all()

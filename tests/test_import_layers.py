@@ -21,7 +21,7 @@ PACKAGE = REPO / "src" / "cs336sys"
 # bottom to top; a module imports its own floor and the ones listed before it
 FLOORS = ("ground", "models", "measure", "analysis", "studies", "pipeline", "handout", "runs", "entry")
 # the command line on top: it builds a cell like the workflow does and prints its derived metrics
-ENTRY_POINTS = {"cs336sys.cli", "cs336sys.__main__"}
+ENTRY_POINTS = {"cs336sys.cli", "cs336sys.cli_result", "cs336sys.__main__"}
 # the package's own __init__ re-exports the model API (TransformerLM, the size table)
 ROOT = "models"
 

@@ -79,7 +79,7 @@ def test_the_warm_worker_takes_a_run_name_and_the_replace_switch_checked(tmp_pat
 
     study = next(iter(STUDIES.values()))
     request = {"pid": os.getpid(), "cwd": str(tmp_path), "timeout_s": 5, "env": {}, "output": "x.csv", "log": "x.log",
-               "cell": {"study": study.name, "target": study.measure}, "run": given, "replace": "yes"}  # fmt: skip
+               "cell": {"study": study.name, "cell_id": "c", "axes": {}, "target": study.measure}, "run": given, "replace": "yes"}  # fmt: skip
     job_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with job_end, server_end:
         job_end.sendall(json.dumps(request).encode() + b"\n")
@@ -88,7 +88,7 @@ def test_the_warm_worker_takes_a_run_name_and_the_replace_switch_checked(tmp_pat
     assert checked["replace"] is False  # only a JSON true asks for it
 
 
-def measure_until(device, context, marker, until):
+def measure_until(device, context, session, marker, until, **axes):
     """A measurement that lasts until the test says so (the file ``until``), after saying it started (``marker``)."""
     context["mode"] = "inference"
     Path(marker).touch()

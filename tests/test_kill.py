@@ -23,8 +23,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cs336sys import studies as S
+from cs336sys.catalog import BUILT_IN
 from cs336sys.fileio import remove_stale_temps
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.cells import FAULT_ENV, Cell, run_cell
 from cs336sys.pipeline.config import validate_config
 from workflow_helpers import DEMO, REPO, copy_repo, load_config
@@ -39,7 +40,7 @@ LOCK_ENVS = ("CS336SYS_FAKE_GPUS", "CS336SYS_LOCK_DIR", FAULT_ENV)
 JOB = """
 import json, sys
 from cs336sys.pipeline.cells import Cell, run_cell
-cell = Cell(**json.loads(sys.argv[1]), timeout_s=float(sys.argv[3]))
+cell = Cell.from_params(json.loads(sys.argv[1]), timeout_s=float(sys.argv[3]))
 if sys.argv[4:] == ["wait"]:
     print("ready", flush=True)
     sys.stdin.readline()
@@ -50,8 +51,8 @@ print(json.dumps(run_cell(cell, start_method=sys.argv[2]), default=str), flush=T
 @pytest.fixture(scope="module")
 def precision_cell() -> dict:
     """The settings of the CPU demo's smallest cell (precision, accumulation: well under a second)."""
-    config = validate_config(load_config(REPO, DEMO))
-    return S.cell_settings("precision", {"part": "accumulation"}, config)
+    config, _ = validate_config(load_config(REPO, DEMO))
+    return plan.plan_cell("precision", {"part": "accumulation"}, config, BUILT_IN).params()
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -220,8 +221,8 @@ def _dead_pid() -> int:
 @pytest.mark.slow
 def test_two_workflow_runs_never_measure_at_once(tmp_path):
     root = copy_repo(tmp_path / "repo")
-    config = validate_config(load_config(root, DEMO) | {"studies": ["precision"]})
-    cells = list(S.grid("precision", config))
+    config, _ = validate_config(load_config(root, DEMO) | {"studies": ["precision"]})
+    cells = list(plan.grid("precision", config, BUILT_IN))
     env = {"CS336SYS_FAKE_GPUS": "fake-0", "CS336SYS_LOCK_DIR": str(tmp_path / "locks"), FAULT_ENV: "sleep=0.5"}
     # a temporary a killed job left, and one whose writer (this process) still runs
     cell_dir = root / "results" / "x" / "precision" / "cells"
@@ -301,13 +302,13 @@ def test_remove_stale_temps_keeps_live_writers_and_other_files(tmp_path):
 
 
 # measurements run in the (forkserver) child, found there as "test_kill:<name>"
-def measure_part_then_hang(device, context):
+def measure_part_then_hang(device, context, session, **axes):
     context["mode"] = "train"
     time.sleep(60)
     yield {}  # pragma: no cover
 
 
-def measure_error_at_once(device, context):
+def measure_error_at_once(device, context, session, **axes):
     raise RuntimeError("broken before any part")
     yield {}  # pragma: no cover
 

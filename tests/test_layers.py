@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from cs336sys import studies as S
+from cs336sys.catalog import BUILT_IN
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import load_schema, validate_config
 from workflow_helpers import DEMO, REPO, load_config, once_per_session
 
@@ -48,7 +50,7 @@ def _last_json(stdout: str):
 
 @pytest.fixture(scope="module")
 def demo_config():
-    return validate_config(load_config(REPO, DEMO), SCHEMA)
+    return validate_config(load_config(REPO, DEMO), SCHEMA)[0]
 
 
 # ---------------------------------------------------------------- 1. the torch-free side
@@ -118,14 +120,17 @@ _RUN_CELLS = r"""
 import importlib, json, os, sys
 import torch
 import cs336sys.pipeline.cells  # the runner: the measuring child is this module's process
+from cs336sys.measure.session import Session
+from cs336sys.pipeline.cell import Cell
 from cs336sys.rows import Skip
 
-def run(settings):
-    module, _, name = settings["target"].partition(":")
+def run(params):
+    cell = Cell.from_params(params)
+    module, _, name = cell.target.partition(":")
     measure = getattr(importlib.import_module(module), name)
     status = "ok"
     try:
-        rows = list(measure(device=torch.device("cpu"), context={}, **settings["kwargs"]))
+        rows = list(measure(device=torch.device("cpu"), context={}, session=Session(cell.policy), **cell.kwargs()))
         assert rows, "the measurement yielded no row"
     except Skip as exc:  # a cell that cannot run on a CPU still loaded what it loaded
         status = f"skipped: {exc}"
@@ -158,7 +163,7 @@ def _demo_cells(config) -> list[tuple[str, dict]]:
     picked = []
     for study in config["studies"]:
         seen = set()
-        for axes in S.cells(study, config[study]):
+        for axes in plan.cells(study, config[study], BUILT_IN):
             key = tuple(axes.get(a) for a in CHOICE_AXES)
             if key not in seen:
                 seen.add(key)
@@ -167,7 +172,7 @@ def _demo_cells(config) -> list[tuple[str, dict]]:
 
 
 def _demo_cell_params():
-    config = validate_config(load_config(REPO, DEMO), SCHEMA)
+    config, _ = validate_config(load_config(REPO, DEMO), SCHEMA)
     return [pytest.param(study, axes, id=f"{study}-{S.cell_id(study, axes)}") for study, axes in _demo_cells(config)]
 
 
@@ -177,7 +182,9 @@ def loaded_modules(demo_config, tmp_path_factory) -> dict[str, dict]:
 
     def build(folder: Path) -> dict:
         cells = {
-            S.cell_id(study, axes): S.cell_settings(study, axes, demo_config, artifact_dir=str(folder / S.cell_id(study, axes)))
+            S.cell_id(study, axes): plan.plan_cell(
+                study, axes, demo_config, BUILT_IN, artifact_dir=str(folder / S.cell_id(study, axes))
+            ).params()
             for study, axes in _demo_cells(demo_config)
         }
         return _last_json(_python(f"SETTINGS = {json.dumps(json.dumps(cells))}\n" + _RUN_CELLS, timeout=1800))
@@ -188,10 +195,10 @@ def loaded_modules(demo_config, tmp_path_factory) -> dict[str, dict]:
 @pytest.mark.slow  # a measuring child per cell
 @pytest.mark.parametrize("study, axes", _demo_cell_params())
 def test_every_module_a_cell_loads_is_in_its_code_hash(demo_config, loaded_modules, study, axes):
-    assert S.cell_settings(study, axes, demo_config)["target"] == f"cs336sys.studies.{study}.measure:measure"
+    assert plan.plan_cell(study, axes, demo_config, BUILT_IN).params()["target"] == f"cs336sys.studies.{study}.measure:measure"
     result = loaded_modules[S.cell_id(study, axes)]
     assert "error" not in result, result
-    hashed = set(S.cell_modules(study, axes))
+    hashed = set(plan.cell_modules(study, axes, BUILT_IN))
     loaded = set(result["modules"])
     assert f"cs336sys.studies.{study}.measure" in loaded, result
     missing = sorted(loaded - hashed)
@@ -211,25 +218,25 @@ def test_demo_cells_cover_every_impl_and_variant(demo_config):
 def test_optional_backends_stay_out_of_the_cells_that_do_not_run_them():
     performer = {"embed_dim": 32, "num_heads": 4, "seq_len": 64, "variant": "performer", "kernel": "relu", "num_features": 16}
     exact = {**performer, "variant": "exact-eager", "num_features": 0}
-    assert "cs336sys.models.attention" not in S.cell_modules("mha", performer)
-    assert "cs336sys.models.performer" in S.cell_modules("mha", performer)
-    assert "cs336sys.models.attention" in S.cell_modules("mha", exact)
+    assert "cs336sys.models.attention" not in plan.cell_modules("mha", performer, BUILT_IN)
+    assert "cs336sys.models.performer" in plan.cell_modules("mha", performer, BUILT_IN)
+    assert "cs336sys.models.attention" in plan.cell_modules("mha", exact, BUILT_IN)
 
     lm = {"size": "tiny", "context_length": 32, "precision": "fp32", "impl": "eager", "mode": "train"}
     for study in ("e2e", "warmup", "profile", "memory"):
         axes = {a: lm.get(a, 0) for a in S.study(study).axes}  # other axes (compile, warmup_steps, …) 0 / off
-        eager, triton = S.cell_modules(study, axes), S.cell_modules(study, {**axes, "impl": "triton"})
+        eager, triton = plan.cell_modules(study, axes, BUILT_IN), plan.cell_modules(study, {**axes, "impl": "triton"}, BUILT_IN)
         assert "cs336sys.models.triton_attention" not in eager, study
         assert "cs336sys.models.triton_attention" in triton, study
         assert "cs336sys.models.attention" in eager and "cs336sys.models.model" in eager, study
     for study, axes in (("attention", {"d_model": 16, "seq_len": 64, "activation": "softmax", "impl": "eager", "causal": 1, "precision": "fp32"}),
                         ("flash", {"seq_len": 64, "head_dim": 16, "precision": "fp32", "impl": "eager", "num_heads": 1})):  # fmt: skip
-        assert "cs336sys.models.triton_attention" not in S.cell_modules(study, axes), study
-        assert "cs336sys.models.triton_attention" in S.cell_modules(study, {**axes, "impl": "triton"}), study
+        assert "cs336sys.models.triton_attention" not in plan.cell_modules(study, axes, BUILT_IN), study
+        assert "cs336sys.models.triton_attention" in plan.cell_modules(study, {**axes, "impl": "triton"}, BUILT_IN), study
     # every cell runs the runner and its measurement; no cell hashes the analysis side
     for study in S.STUDIES:
-        axes = next(iter(S.grid(study, validate_config(load_config(REPO, DEMO), SCHEMA)).values()))
-        modules = S.cell_modules(study, axes)
+        axes = next(iter(plan.grid(study, validate_config(load_config(REPO, DEMO), SCHEMA)[0], BUILT_IN).values()))
+        modules = plan.cell_modules(study, axes, BUILT_IN)
         assert "cs336sys.pipeline.cells" in modules and f"cs336sys.studies.{study}.measure" in modules, study
         assert not [
             m for m in modules if m.startswith(("cs336sys.analysis", "cs336sys.runs", "cs336sys.handout")) or m.endswith(".report")
@@ -250,11 +257,13 @@ HASH_CELLS = {
 _HASHES = r"""
 import json, sys
 from cs336sys import studies as S
+from cs336sys.catalog import BUILT_IN
+from cs336sys.pipeline import plan
 cells = json.loads(sys.argv[1] if len(sys.argv) > 1 else CELLS)
 out = {}
 for name, (study, axes) in cells.items():
     axes = {a: axes.get(a, 0) for a in S.study(study).axes}  # axes not named: 0 / off
-    out[name] = S.cell_code_hash(study, axes)
+    out[name] = plan.cell_code_hash(study, axes, None, BUILT_IN)
 print(json.dumps(out))
 """
 
@@ -279,7 +288,8 @@ def src_copy(tmp_path_factory):
         ("models/performer.py", {"mha-performer"}),  # exact mha cells never run Performer (models.mha imports it lazily)
         ("studies/e2e/measure.py", {"e2e-eager", "e2e-triton", "warmup-eager"}),  # warmup's measurement is e2e's
         ("measure/flops.py", {"mha-performer", "mha-exact", "e2e-eager", "e2e-triton", "warmup-eager", "attention-eager"}),
-        ("measure/timing.py", set(HASH_CELLS)),  # the runner sets the timing policy: every cell
+        ("measure/timing.py", set(HASH_CELLS) - {"precision"}),  # every cell that times (precision's tables are not timed)
+        ("measure/session.py", set(HASH_CELLS)),  # the runner makes every cell's session
         ("pipeline/cells.py", set(HASH_CELLS)),  # the runner: every cell
         ("studies/mha/report.py", set()),  # figures and findings never rerun a measurement
         ("runs/report.py", set()),
@@ -353,30 +363,30 @@ def test_every_study_package_is_registered_with_its_schema_section():
 def _section(study: str, **grid) -> dict:
     """A validated section of ``study``: the schema's defaults with ``grid`` axes replaced."""
     config = {"run": "t", "device": "cpu", "studies": [study], study: {"grid": grid}}
-    return validate_config(config, SCHEMA)[study]
+    return validate_config(config, SCHEMA)[0][study]
 
 
 def test_cell_ids_follow_the_axes_with_booleans_as_integers():
     axes = {"d_model": 16, "seq_len": 64, "activation": "relu", "impl": "eager", "causal": True, "precision": "fp32"}
     assert S.cell_id("attention", axes) == "d_model=16_seq_len=64_activation=relu_impl=eager_causal=1_precision=fp32"
-    cells = S.cells("attention", _section("attention", d_model=[16], seq_len=[64], activation=["relu"], impl=["eager"],
-                                          causal=[True, False], precision=["fp32"]))  # fmt: skip
+    cells = plan.cells("attention", _section("attention", d_model=[16], seq_len=[64], activation=["relu"], impl=["eager"],
+                                          causal=[True, False], precision=["fp32"]), BUILT_IN)  # fmt: skip
     assert [c["causal"] for c in cells] == [1, 0]
-    assert S.grid("attention", {"attention": _section("attention", causal=[False])})  # the other axes take defaults
+    assert plan.grid("attention", {"attention": _section("attention", causal=[False])}, BUILT_IN)  # the other axes take defaults
 
 
 def test_cells_drop_sdpa_with_relu():
     section = _section("attention", d_model=[16], seq_len=[64], activation=["softmax", "relu"], impl=["eager", "sdpa"],
                        causal=[True], precision=["fp32"])  # fmt: skip
-    cells = S.cells("attention", section)
+    cells = plan.cells("attention", section, BUILT_IN)
     assert sorted((c["impl"], c["activation"]) for c in cells) == [("eager", "relu"), ("eager", "softmax"), ("sdpa", "softmax")]
-    assert not S.cells("attention", {**section, "grid": {**section["grid"], "impl": ["sdpa"], "activation": ["relu"]}})
+    assert not plan.cells("attention", {**section, "grid": {**section["grid"], "impl": ["sdpa"], "activation": ["relu"]}}, BUILT_IN)
 
 
 def test_mha_cells_drop_indivisible_heads_and_exact_cells_carry_no_features_once():
     section = _section("mha", embed_dim=[30, 32], num_heads=[4], seq_len=[64], variant=["exact-eager", "exact-sdpa", "performer"],
                        kernel=["softmax", "relu"], num_features=[16, 32])  # fmt: skip
-    cells = S.cells("mha", section)
+    cells = plan.cells("mha", section, BUILT_IN)
     assert {c["embed_dim"] for c in cells} == {32}  # 30 is not divisible by 4 heads
     exact = [c for c in cells if c["variant"] != "performer"]
     assert sorted((c["variant"], c["kernel"]) for c in exact) == [
@@ -389,38 +399,40 @@ def test_mha_cells_drop_indivisible_heads_and_exact_cells_carry_no_features_once
     assert sorted((c["kernel"], c["num_features"]) for c in performer) == [("relu", 16), ("relu", 32), ("softmax", 16), ("softmax", 32)]
     ids = [S.cell_id("mha", c) for c in cells]
     assert len(ids) == len(set(ids)) == 7
-    assert not S.cells("mha", {**section, "grid": {**section["grid"], "embed_dim": [30]}})
+    assert not plan.cells("mha", {**section, "grid": {**section["grid"], "embed_dim": [30]}}, BUILT_IN)
 
 
 def test_flash_leaderboard_cells_appear_once():
     grid = dict(seq_len=[64], head_dim=[16], precision=["fp32"], impl=["eager", "sdpa-flash"], num_heads=[1])
-    plain = S.cells("flash", {**_section("flash", **grid), "leaderboard": None})
+    plain = plan.cells("flash", {**_section("flash", **grid), "leaderboard": None}, BUILT_IN)
     assert len(plain) == 2
     inside = {"seq_len": 64, "head_dim": 16, "num_heads": 1, "precision": "fp32"}  # a point of the grid already
-    assert S.cells("flash", {**_section("flash", **grid), "leaderboard": inside}) == plain
+    assert plan.cells("flash", {**_section("flash", **grid), "leaderboard": inside}, BUILT_IN) == plain
     outside = {"seq_len": 128, "head_dim": 16, "num_heads": 4, "precision": "fp32"}
-    cells = S.cells("flash", {**_section("flash", **grid), "leaderboard": outside})
+    cells = plan.cells("flash", {**_section("flash", **grid), "leaderboard": outside}, BUILT_IN)
     assert cells[:2] == plain and len(cells) == 4
     assert {(c["impl"], c["seq_len"], c["num_heads"]) for c in cells[2:]} == {("eager", 128, 4), ("sdpa-flash", 128, 4)}
     ids = [S.cell_id("flash", c) for c in cells]
     assert len(ids) == len(set(ids))
     # the leaderboard shapes cells; it is not a setting of the measurement
-    kwargs = S.measure_kwargs("flash", cells[-1], {"flash": {**_section("flash", **grid), "leaderboard": outside}})
+    kwargs = plan.plan_cell(
+        "flash", cells[-1], {"device": "cpu", "flash": {**_section("flash", **grid), "leaderboard": outside}}, BUILT_IN
+    ).kwargs()
     assert "leaderboard" not in kwargs and kwargs["seq_len"] == 128
 
 
 def test_every_study_section_of_the_presets_makes_cells(monkeypatch):
     monkeypatch.setattr("cs336sys.pipeline.config.detected_gpu_name", lambda: None)  # run: auto, without asking nvidia-smi
     for preset in [None, *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "config").glob("*.yaml"))]:
-        config = validate_config(load_config(REPO, *([preset] if preset else [])), SCHEMA)
+        config, _ = validate_config(load_config(REPO, *([preset] if preset else [])), SCHEMA)
         for study in config["studies"]:
-            cells = S.cells(study, config[study])
+            cells = plan.cells(study, config[study], BUILT_IN)
             assert cells, f"{preset or 'config.yaml'}: {study} has no cell"
             assert len({S.cell_id(study, c) for c in cells}) == len(cells)
             for axes in cells:
-                kwargs = S.measure_kwargs(study, axes, config)
+                kwargs = plan.plan_cell(study, axes, config, BUILT_IN).kwargs()
                 assert {k: kwargs[k] for k in axes} == axes  # the cell's axes reach the measurement as they are
-                assert not set(kwargs) & set(S.JOB_KEYS), (study, sorted(kwargs))
+                assert not set(kwargs) & set(plan.JOB_KEYS), (study, sorted(kwargs))
 
 
 def test_an_axis_named_like_a_row_column_is_refused():

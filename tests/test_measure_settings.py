@@ -35,7 +35,7 @@ def _lm_fields() -> set[str]:
 @pytest.mark.parametrize("name", sorted(S.STUDIES))
 def test_measure_takes_its_settings_keyword_only_without_defaults(name):
     params = list(inspect.signature(_measure(name)).parameters.values())
-    assert [p.name for p in params if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)] == ["device", "context"]
+    assert [p.name for p in params if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)] == ["device", "context", "session"]
     restated = {p.name: p.default for p in params if p.default is not P.empty}
     assert not restated, f"{name}: measure() restates defaults {restated}; the schema holds them"
 
@@ -91,7 +91,7 @@ CLI_CELLS = {
         "--measure-steps",
         "2",
         *QUICK,
-    ],  # fmt: skip
+    ],
     "flash": ["--seq-len", "64", "--head-dim", "16", "--precision", "fp32", "--impl", "eager", "--rep-ms", "1", "--trials", "1"],
     "precision": ["--part", "accumulation"],
 }

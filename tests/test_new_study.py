@@ -15,7 +15,9 @@ import pytest
 
 from cs336sys import catalog
 from cs336sys import studies as S
+from cs336sys.catalog import BUILT_IN
 from cs336sys.errors import ConfigError
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import load_schema
 from cs336sys.pipeline.merge import derive
 from cs336sys.pipeline.priorities import expected_seconds
@@ -90,7 +92,7 @@ def test_a_new_lm_study_runs_the_users_model_and_keeps_its_impl_axis_eager(toylm
         "toylm": {"grid": {}, "batch_size": 2, "timeout_s": 60},
         "plugins": {"path": ".", "model": "my_lm:Model"},
     }
-    settings = S.cell_settings("toylm", {"size": "small", "context_length": 64, "impl": "eager"}, config)
+    settings = plan.plan_cell("toylm", {"size": "small", "context_length": 64, "impl": "eager"}, config, BUILT_IN).params()
     assert settings["plugins"] == {"path": ".", "model": "my_lm:Model"}
     config["toylm"]["grid"] = {"impl": ["eager", "sdpa"]}
     with pytest.raises(ConfigError, match=r"'toylm.grid.impl': \['eager', 'sdpa'\] with plugins.model"):

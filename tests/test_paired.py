@@ -16,11 +16,13 @@ import pytest
 import torch
 
 from cell_kwargs import cell_kwargs
-from cs336sys import studies as S
 from cs336sys.analysis.passes import combine_passes
+from cs336sys.catalog import BUILT_IN
 from cs336sys.measure.interleave import time_arms
+from cs336sys.measure.session import Policy, Session
 from cs336sys.measure.stats import log_t_interval, paired_ratio, ratio_interval, summarize_trials
 from cs336sys.measure.timing import STEP, time_steps
+from cs336sys.pipeline import plan
 
 CPU = torch.device("cpu")
 
@@ -47,8 +49,8 @@ class DriftingHost:
 
 def test_paired_ratio_recovers_a_known_ratio_through_drift_that_hides_it_from_two_cells():
     host = DriftingHost({"a": 0.010, "b": 0.008})  # a is 1.25x b; the host swings ±40% every 3 s
-    result = time_arms({"a": host.step("a"), "b": host.step("b")}, warmup=1, block_steps=2, device=CPU, min_pairs=12,
-                       target_rel=0.0, clock=host.clock, sync=lambda d: None)  # fmt: skip
+    arms = {"a": host.step("a"), "b": host.step("b")}
+    result = time_arms(arms, Session(), warmup=1, block_steps=2, device=CPU, min_pairs=12, clock=host.clock, sync=lambda d: None)
     r = result.ratio("a", "b")
     assert r.n == 12 and r.low < 1.25 < r.high
     assert r.half_width_rel < 0.03  # drift cancels in the pairs
@@ -70,33 +72,34 @@ def test_interleaving_alternates_the_order_so_each_arm_leads_as_often():
 
         return run
 
-    time_arms({"a": step("a"), "b": step("b"), "c": step("c")}, warmup=0, block_steps=1, device=CPU, min_pairs=4,
-              target_rel=0.0, clock=lambda: now[0], sync=lambda d: None)  # fmt: skip
+    arms = {"a": step("a"), "b": step("b"), "c": step("c")}
+    time_arms(arms, Session(), warmup=0, block_steps=1, device=CPU, min_pairs=4, clock=lambda: now[0], sync=lambda d: None)
     assert order == list("abccbaabccba")
 
 
 def test_pairs_stop_at_the_target_or_at_the_budget_and_say_which():
     steady = DriftingHost({"a": 0.010, "b": 0.005}, swing=0.0)
-    done = time_arms({"a": steady.step("a"), "b": steady.step("b")}, warmup=0, block_steps=2, device=CPU, min_pairs=8,
-                     target_rel=0.05, max_measure_s=100, clock=steady.clock, sync=lambda d: None)  # fmt: skip
+    arms, session = {"a": steady.step("a"), "b": steady.step("b")}, Session(Policy(target_rel=0.05, max_measure_s=100))
+    done = time_arms(arms, session, warmup=0, block_steps=2, device=CPU, min_pairs=8, clock=steady.clock, sync=lambda d: None)
     assert done.stop_reason == "target" and done.pairs == 8
     wild = DriftingHost({"a": 0.010, "b": 0.005}, swing=0.0)
     wild.rng = np.random.default_rng(1)
     noisy = {"a": lambda c: setattr(wild, "now", wild.now + 0.010 * np.exp(wild.rng.normal(0, 1.0))), "b": wild.step("b")}
-    spent = time_arms(noisy, warmup=0, block_steps=1, device=CPU, min_pairs=8, target_rel=0.01, max_measure_s=0.5,
-                      clock=wild.clock, sync=lambda d: None)  # fmt: skip
+    policy = Policy(target_rel=0.01, max_measure_s=0.5)
+    spent = time_arms(
+        noisy, Session(), warmup=0, block_steps=1, device=CPU, min_pairs=8, policy=policy, clock=wild.clock, sync=lambda d: None
+    )
     assert spent.stop_reason == "budget" and spent.pairs >= 8
     assert sum(t.timed_s for t in spent.arms.values()) >= 0.5
 
 
 def test_a_noisy_single_cell_gets_more_trials_until_its_target_or_budget():
     host = DriftingHost({"a": 0.010}, swing=0.3, period_s=0.5)
-    t = time_steps(host.step("a"), warmup=0, steps=3, device=CPU, trials=1, target_rel=0.02, max_measure_s=1.0,
-                   clock=host.clock, sync=lambda d: None, state=None)  # fmt: skip
+    session = Session(Policy(target_rel=0.02, max_measure_s=1.0))
+    t = time_steps(host.step("a"), session, warmup=0, steps=3, device=CPU, clock=host.clock, sync=lambda d: None)
     assert t.phases[STEP].n > 3 and len(t.phases[STEP].trial_medians_ms) > 1
     assert t.stop_reason in ("target", "budget")
-    fixed = time_steps(host.step("a"), warmup=0, steps=3, device=CPU, trials=1, target_rel=0.0, clock=host.clock,
-                       sync=lambda d: None, state=None)  # fmt: skip
+    fixed = time_steps(host.step("a"), session, warmup=0, steps=3, device=CPU, policy=Policy(), clock=host.clock, sync=lambda d: None)
     assert fixed.stop_reason == "fixed" and fixed.phases[STEP].n == 3
 
 
@@ -109,26 +112,41 @@ def test_log_t_interval_stays_positive_where_a_linear_one_reaches_zero():
 
 
 def test_partners_come_from_the_study_pairs_and_the_grid():
-    section = {"grid": {"size": ["small"], "context_length": [128], "precision": ["fp32", "bf16"], "impl": ["eager"],
-                        "compile": [False], "cuda_graphs": [False]}}  # fmt: skip
+    section = {
+        "grid": {
+            "size": ["small"],
+            "context_length": [128],
+            "precision": ["fp32", "bf16"],
+            "impl": ["eager"],
+            "compile": [False],
+            "cuda_graphs": [False],
+        }
+    }
     fp32 = {"size": "small", "context_length": 128, "precision": "fp32", "impl": "eager", "compile": 0, "cuda_graphs": 0}
-    assert S.partners("e2e", fp32, section) == [{"cuda_graphs": True}, {"precision": "bf16"}]
-    assert S.partners("e2e", {**fp32, "precision": "bf16"}, section) == [{"cuda_graphs": True}]
-    assert S.partners("e2e", {**fp32, "cuda_graphs": 1}, section) == []  # a graph cell is its own GPU time
-    assert S.partners("warmup", {**fp32, "warmup_steps": 0}, section) == []  # no pairs declared
+    assert plan.partners("e2e", fp32, section, BUILT_IN) == [{"cuda_graphs": True}, {"precision": "bf16"}]
+    assert plan.partners("e2e", {**fp32, "precision": "bf16"}, section, BUILT_IN) == [{"cuda_graphs": True}]
+    assert plan.partners("e2e", {**fp32, "cuda_graphs": 1}, section, BUILT_IN) == []  # a graph cell is its own GPU time
+    assert plan.partners("warmup", {**fp32, "warmup_steps": 0}, section, BUILT_IN) == []  # no pairs declared
 
 
 def test_an_e2e_cell_on_a_cpu_times_its_partners_and_says_why_it_has_no_gpu_time():
-    from cs336sys.measure import timing
     from cs336sys.studies.e2e.measure import NO_GRAPH_ON_CPU, measure
 
-    timing.configure(target_rel=0.2, max_measure_s=0.5)
-    try:
-        rows = list(measure(CPU, {}, **cell_kwargs("e2e", size="tiny", context_length=16, precision="fp32", impl="eager", warmup_steps=1,
-                                                   measure_steps=2, batch_size=1, vocab_size=100, partners=[{"cuda_graphs": True}, {"precision": "bf16"}],
-                                                   extra_sizes={"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2}})))  # fmt: skip
-    finally:
-        timing.configure(target_rel=0.0, max_measure_s=0.0)
+    tiny = {"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2}}
+    kwargs = cell_kwargs(
+        "e2e",
+        size="tiny",
+        context_length=16,
+        precision="fp32",
+        impl="eager",
+        warmup_steps=1,
+        measure_steps=2,
+        batch_size=1,
+        vocab_size=100,
+        partners=[{"cuda_graphs": True}, {"precision": "bf16"}],
+        extra_sizes=tiny,
+    )
+    rows = list(measure(CPU, {}, Session(Policy(target_rel=0.2, max_measure_s=0.5)), **kwargs))
     df = pd.DataFrame(rows)
     timed = df[df["kind"].isna()]
     assert set(timed["gpu_note"]) == {NO_GRAPH_ON_CPU} and "gpu_median_ms" not in df
@@ -142,10 +160,23 @@ def test_an_e2e_cell_on_a_cpu_times_its_partners_and_says_why_it_has_no_gpu_time
 def test_a_paired_ratio_gets_the_interval_floor_of_timed_rows():
     # H100, large fp32 train, optimizer step over its graph replay: 1.1486 [1.1459, 1.1513] in one run, 1.1427 in the next
     def pair(k, own, other):
-        return {"study": "e2e", "cell_id": "c", "status": "ok", "error": "", "kind": "pair", "mode": "train",
-                "phase": "optimizer_step", "pair_with": "cuda_graphs=1", "own_blocks_ms": ";".join(map(str, own)),
-                "partner_blocks_ms": ";".join(map(str, other)), "stop_reason": "target", "pass_index": k,
-                "ratio": float(np.median(np.array(own) / np.array(other))), "ratio_ci_low": 1.1485, "ratio_ci_high": 1.1487}  # fmt: skip
+        return {
+            "study": "e2e",
+            "cell_id": "c",
+            "status": "ok",
+            "error": "",
+            "kind": "pair",
+            "mode": "train",
+            "phase": "optimizer_step",
+            "pair_with": "cuda_graphs=1",
+            "own_blocks_ms": ";".join(map(str, own)),
+            "partner_blocks_ms": ";".join(map(str, other)),
+            "stop_reason": "target",
+            "pass_index": k,
+            "ratio": float(np.median(np.array(own) / np.array(other))),
+            "ratio_ci_low": 1.1485,
+            "ratio_ci_high": 1.1487,
+        }
 
     own, other = [23.0 + 0.001 * i for i in range(8)], [20.0 + 0.001 * i for i in range(8)]
     for passes in ([pair(0, own, other)], [pair(0, own, other), pair(1, own, other)]):
@@ -156,9 +187,20 @@ def test_a_paired_ratio_gets_the_interval_floor_of_timed_rows():
 
 def test_passes_pool_the_pairs_of_a_cell():
     def pair(k, own, other):
-        return {"study": "e2e", "cell_id": "c", "status": "ok", "error": "", "kind": "pair", "mode": "train", "phase": "step",
-                "pair_with": "precision=bf16", "own_blocks_ms": ";".join(map(str, own)),
-                "partner_blocks_ms": ";".join(map(str, other)), "stop_reason": "target", "pass_index": k}  # fmt: skip
+        return {
+            "study": "e2e",
+            "cell_id": "c",
+            "status": "ok",
+            "error": "",
+            "kind": "pair",
+            "mode": "train",
+            "phase": "step",
+            "pair_with": "precision=bf16",
+            "own_blocks_ms": ";".join(map(str, own)),
+            "partner_blocks_ms": ";".join(map(str, other)),
+            "stop_reason": "target",
+            "pass_index": k,
+        }
 
     rng = np.random.default_rng(0)
     drift = np.exp(rng.normal(0, 0.3, 16))
@@ -178,10 +220,25 @@ def test_passes_pool_the_pairs_of_a_cell():
 
 def test_gpu_time_columns_fold_over_passes_like_the_eager_ones():
     def row(k, eager, gpu):
-        return {"study": "e2e", "cell_id": "c", "status": "ok", "error": "", "mode": "train", "phase": "step",
-                "median_ms": float(np.median(eager)), "samples_ms": ";".join(map(str, eager)), "n": len(eager), "trials": 1,
-                "gpu_median_ms": float(np.median(gpu)), "gpu_ci_low_ms": min(gpu), "gpu_ci_high_ms": max(gpu),
-                "gpu_samples_ms": ";".join(map(str, gpu)), "gpu_n": len(gpu), "gpu_busy_frac": 0.2, "pass_index": k}  # fmt: skip
+        return {
+            "study": "e2e",
+            "cell_id": "c",
+            "status": "ok",
+            "error": "",
+            "mode": "train",
+            "phase": "step",
+            "median_ms": float(np.median(eager)),
+            "samples_ms": ";".join(map(str, eager)),
+            "n": len(eager),
+            "trials": 1,
+            "gpu_median_ms": float(np.median(gpu)),
+            "gpu_ci_low_ms": min(gpu),
+            "gpu_ci_high_ms": max(gpu),
+            "gpu_samples_ms": ";".join(map(str, gpu)),
+            "gpu_n": len(gpu),
+            "gpu_busy_frac": 0.2,
+            "pass_index": k,
+        }
 
     out = combine_passes(pd.DataFrame([row(0, [80, 90, 85], [29.7, 29.8, 29.75]), row(1, [60, 65, 62], [29.8, 29.9, 29.85])]))
     r = out.iloc[0]
@@ -198,11 +255,12 @@ def test_per_phase_graphs_add_up_to_the_step_and_match_the_graph_cell():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     device = torch.device("cuda")
-    cell = LMCell(size="small", context_length=128, precision="bf16", impl="sdpa", batch_size=2, vocab_size=1000, optimizer="course",
-                  extra_sizes={})  # fmt: skip
+    cell = LMCell(
+        size="small", context_length=128, precision="bf16", impl="sdpa", batch_size=2, vocab_size=1000, optimizer="course", extra_sizes={}
+    )
     model, inputs, targets = cell.setup(device)
     steps = graphed_lm_steps(model, model, inputs, targets, "bf16", device, graph_optimizer("course", model))
-    t = time_steps(steps["train"], warmup=3, steps=30, device=device, trials=1, target_rel=0.0, min_warmup_s=0.5)
+    t = time_steps(steps["train"], Session(Policy(min_warmup_s=0.5)), warmup=3, steps=30, device=device)
     parts = sum(t.phases[p].median_ms for p in ("forward", "backward", "optimizer_step"))
     assert parts == pytest.approx(t.phases[STEP].median_ms, rel=0.05)  # the step adds only its two synchronisations
     for p in ("forward", "backward", "optimizer_step"):
@@ -211,17 +269,20 @@ def test_per_phase_graphs_add_up_to_the_step_and_match_the_graph_cell():
 
 @pytest.mark.gpu
 def test_an_eager_cell_on_a_gpu_reports_gpu_time_and_paired_ratios():
-    from cs336sys.measure import timing
     from cs336sys.studies.e2e.measure import measure
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    timing.configure(target_rel=0.05, max_measure_s=4)
-    try:
-        rows = list(measure(torch.device("cuda"), {}, **cell_kwargs("e2e", size="small", context_length=128, precision="fp32", impl="sdpa", batch_size=2,
-                                                                    partners=[{"cuda_graphs": True}, {"precision": "bf16"}])))  # fmt: skip
-    finally:
-        timing.configure(target_rel=0.0, max_measure_s=0.0)
+    kwargs = cell_kwargs(
+        "e2e",
+        size="small",
+        context_length=128,
+        precision="fp32",
+        impl="sdpa",
+        batch_size=2,
+        partners=[{"cuda_graphs": True}, {"precision": "bf16"}],
+    )
+    rows = list(measure(torch.device("cuda"), {}, Session(Policy(target_rel=0.05, max_measure_s=4)), **kwargs))
     df = pd.DataFrame(rows)
     timed = df[df["kind"].isna()]
     assert timed["gpu_median_ms"].notna().all()
@@ -244,9 +305,19 @@ def test_backward_over_forward_pairs_the_phases_of_each_step():
     axes = {"size": "small", "context_length": 128, "precision": "fp32", "impl": "eager", "compile": 0, "cuda_graphs": 0}
 
     def row(phase, samples):
-        return {"study": "e2e", "cell_id": "c", "status": "ok", "error": "", **axes, "mode": "train", "phase": phase,
-                "median_ms": float(np.median(samples)), "ci_low_ms": float(np.min(samples)), "ci_high_ms": float(np.max(samples)),
-                "samples_ms": ";".join(f"{x:.4f}" for x in samples)}  # fmt: skip
+        return {
+            "study": "e2e",
+            "cell_id": "c",
+            "status": "ok",
+            "error": "",
+            **axes,
+            "mode": "train",
+            "phase": phase,
+            "median_ms": float(np.median(samples)),
+            "ci_low_ms": float(np.min(samples)),
+            "ci_high_ms": float(np.max(samples)),
+            "samples_ms": ";".join(f"{x:.4f}" for x in samples),
+        }
 
     out = backward_forward_ratio(pd.DataFrame([row("forward", fwd), row("backward", bwd)])).iloc[0]
     assert out["ratio_low"] < 2.0 < out["ratio_high"] and out["ratio_high"] / out["ratio_low"] < 1.02

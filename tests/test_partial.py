@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from cs336sys import studies as S
+from cs336sys.catalog import BUILT_IN
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import settings_snapshot, validate_config
 from cs336sys.rows import write_csv_atomic
 from cs336sys.runs.partial import main, report_partial
@@ -18,11 +19,11 @@ def _run(tmp_path, cells: int):
     """results/<run>/ with the config snapshot of a two-cell attention grid and the first ``cells`` cell CSVs."""
     results = tmp_path / "results" / "slice"
     (results / "attention" / "cells").mkdir(parents=True)
-    config = validate_config({"run": "slice", "device": "cpu", "studies": ["attention"], "attention": {"grid": GRID}})
+    config, _ = validate_config({"run": "slice", "device": "cpu", "studies": ["attention"], "attention": {"grid": GRID}})
     (results / "config.yaml").write_text(yaml.safe_dump(settings_snapshot(config)))
-    ids = list(S.grid("attention", config))
+    ids = list(plan.grid("attention", config, BUILT_IN))
     for cid in ids[:cells]:
-        axes = S.grid("attention", config)[cid]
+        axes = plan.grid("attention", config, BUILT_IN)[cid]
         row = dict(study="attention", cell_id=cid, status="ok", error="", **axes, mode="train", phase="forward",
                    median_ms=2.0, ci_low_ms=1.9, ci_high_ms=2.1, mean_ms=2.0, std_ms=0.1, min_ms=1.9, max_ms=2.1, n=3, trials=1,
                    trial_medians_ms="2.0", samples_ms="1.9;2.0;2.1", device="cpu", device_name="cpu (x86_64)", host="h")  # fmt: skip

@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from cs336sys import studies as S
+from cs336sys.catalog import BUILT_IN
 from cs336sys.cli import main
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import ConfigError, settings_snapshot, validate_config
 from cs336sys.pipeline.merge import merge_cells
 from cs336sys.rows import write_csv_atomic
@@ -47,12 +48,12 @@ def test_a_bad_peak_gbps_is_refused_naming_the_key(value, expected):
 
 
 def test_peak_gbps_defaults_to_none_given():
-    assert validate_config(_config())["peak_gbps"] == {}
-    assert validate_config(_config(peak_gbps={"X9": 1000}))["peak_gbps"] == {"X9": 1000}
+    assert validate_config(_config())[0]["peak_gbps"] == {}
+    assert validate_config(_config(peak_gbps={"X9": 1000}))[0]["peak_gbps"] == {"X9": 1000}
 
 
 def _cell_csv(folder, config, device_name: str = CPU_NAME) -> str:
-    cid, axes = next(iter(S.grid("attention", config).items()))
+    cid, axes = next(iter(plan.grid("attention", config, BUILT_IN).items()))
     row = dict(study="attention", cell_id=cid, status="ok", error="", **axes, batch_size=8, mode="train", phase="forward",
                median_ms=2.0, ci_low_ms=1.9, ci_high_ms=2.1, mean_ms=2.0, std_ms=0.1, min_ms=1.9, max_ms=2.1, n=3, trials=1,
                trial_medians_ms="2.0", samples_ms="1.9;2.0;2.1", device="cpu", device_name=device_name, host="h")  # fmt: skip
@@ -62,7 +63,7 @@ def _cell_csv(folder, config, device_name: str = CPU_NAME) -> str:
 
 
 def test_the_merge_uses_the_configured_bandwidth(tmp_path):
-    config = validate_config(_config(peak_gbps={"cpu": 50.0}))
+    config, _ = validate_config(_config(peak_gbps={"cpu": 50.0}))
     path = _cell_csv(tmp_path, config)
     plain = merge_cells([path], "attention", config["peak_tflops"], config["flags"]).iloc[0]
     assert pd.isna(plain["peak_gbps"]) and "no peak bandwidth known for 'cpu (x86_64)'" in plain["roofline_note"]
@@ -80,7 +81,7 @@ def test_the_merge_uses_the_configured_bandwidth(tmp_path):
 def test_a_partial_report_uses_the_snapshots_bandwidth(tmp_path):
     results = tmp_path / "results" / "bw"
     (results / "attention" / "cells").mkdir(parents=True)
-    config = validate_config(_config(peak_gbps={"cpu": 50.0}))
+    config, _ = validate_config(_config(peak_gbps={"cpu": 50.0}))
     (results / "config.yaml").write_text(yaml.safe_dump(settings_snapshot(config)))
     _cell_csv(results / "attention" / "cells", config)
     report_partial(results, tmp_path / "report")

@@ -7,6 +7,7 @@ process import them here.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from cs336sys import catalog, plugins
-from cs336sys import studies as S
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import validate_config
 from cs336sys.pipeline.config_file import ConfigError
 
@@ -76,7 +77,9 @@ def test_a_plugin_that_changes_directory_at_import_leaves_the_working_directory(
 
 
 def _hashes(config: dict) -> dict[str, str]:
-    return {cell: S.cell_code_hash("attention", axes, config["plugins"]) for cell, axes in S.grid("attention", config).items()}
+    offered = plugins.offered(config["plugins"])
+    grid = plan.grid("attention", config, offered)
+    return {cell: plan.cell_code_hash("attention", axes, config["plugins"], offered) for cell, axes in grid.items()}
 
 
 def _dynamic_plugin(tmp_path: Path) -> tuple[dict, Path, Path]:
@@ -110,9 +113,9 @@ def test_the_code_record_names_a_helper_from_outside_the_plugin_path(tmp_path):
     from cs336sys.pipeline.code_record import cell_file_hashes
 
     config, dynamic, external = _dynamic_plugin(tmp_path)
-    validate_config(config, check_imports="here")
-    axes = next(a for a in S.grid("attention", config).values() if a["impl"] == "mine")
-    files = cell_file_hashes("attention", axes, config["plugins"])
+    config, offered = validate_config(config, check_imports="here")
+    axes = next(a for a in plan.grid("attention", config, offered).values() if a["impl"] == "mine")
+    files = cell_file_hashes("attention", axes, config["plugins"], offered)
     assert f"{config['plugins']['path']}/{dynamic.name}" in files and str(external.resolve()) in files
 
 
@@ -142,11 +145,11 @@ def test_the_measuring_child_refuses_a_plugin_that_exits_at_import_by_its_key(tm
 def test_the_time_limit_is_a_setting_with_a_default_that_changes_no_measurement(tmp_path):
     from cs336sys.pipeline.config import settings_snapshot
 
-    config = validate_config(config_with(tmp_path, write_plugin(tmp_path, ATTENTION)))
+    config, offered = validate_config(config_with(tmp_path, write_plugin(tmp_path, ATTENTION)))
     assert config["plugins"]["import_timeout_s"] == 60
     assert settings_snapshot(config)["plugins"] == {"path": str(tmp_path), "attention": config["plugins"]["attention"]}
-    (axes,) = S.grid("attention", config).values()
-    assert "import_timeout_s" not in S.cell_settings("attention", axes, config)["plugins"]  # no cell reruns for it
+    (axes,) = plan.grid("attention", config, offered).values()
+    assert "import_timeout_s" not in plan.plan_cell("attention", axes, config, offered).params()["plugins"]  # no cell reruns for it
     for bad in (0, -1, "soon", 1e9):
         message = refused(config_with(tmp_path, write_plugin(tmp_path, ATTENTION), import_timeout_s=bad), "")
         assert "config key 'plugins.import_timeout_s'" in message, message
@@ -273,18 +276,17 @@ def test_a_dry_run_stops_at_a_plugin_that_sleeps_at_import(tmp_path):
 
 @pytest.mark.slow
 def test_the_measuring_child_turns_an_exit_at_import_and_a_late_helper_into_rows(tmp_path):
-    from cs336sys.pipeline.cells import Cell, run_cell
+    from cs336sys.pipeline.cells import run_cell
 
     late = module_name("latehelp")
     (tmp_path / f"{late}.py").write_text("SCALE = 1\n")
     source = f"import importlib\nimport torch\n\ndef attention(q, k, v, is_causal=False):\n    importlib.import_module({late!r})\n"
     source += "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)\n"
     exiting = write_plugin(tmp_path, "import sys\nsys.exit(0)\n" + ATTENTION)
-    config = validate_config(config_with(tmp_path, write_plugin(tmp_path, source), exiting))
+    config, offered = validate_config(config_with(tmp_path, write_plugin(tmp_path, source), exiting))
     rows = {}
-    for axes in S.grid("attention", config).values():
-        plugins.activate({})  # the child registers the names from the cell's settings alone
-        rows[axes["impl"]] = run_cell(Cell(**S.cell_settings("attention", axes, config), timeout_s=300))
+    for axes in plan.grid("attention", config, offered).values():  # the child registers the names from the cell's settings alone
+        rows[axes["impl"]] = run_cell(dataclasses.replace(plan.plan_cell("attention", axes, config, offered), timeout_s=300))
     (failed,) = rows["other1"]
     assert failed["status"] == "error" and "plugins.attention.other1.function" in failed["error"] and "SystemExit" in failed["error"]
     assert {r["status"] for r in rows["mine"]} == {"ok"}, rows["mine"]
@@ -293,17 +295,17 @@ def test_the_measuring_child_turns_an_exit_at_import_and_a_late_helper_into_rows
 
 @pytest.mark.slow
 def test_the_jobs_code_record_names_what_the_measuring_childs_import_loaded(tmp_path):
-    from cs336sys.pipeline.cells import Cell, run_cell
+    from cs336sys.pipeline.cells import run_cell
     from cs336sys.pipeline.code_record import cell_file_hashes
 
     config, dynamic, external = _dynamic_plugin(tmp_path)
-    config = validate_config(config)  # nothing imported in this process, as in a cell's job
-    axes = next(a for a in S.grid("attention", config).values() if a["impl"] == "mine")
-    settings = S.cell_settings("attention", axes, config)
-    assert str(external.resolve()) not in cell_file_hashes("attention", axes, config["plugins"])
-    (row,) = run_cell(Cell(**settings, timeout_s=300))
+    config, offered = validate_config(config)  # nothing imported in this process, as in a cell's job
+    axes = next(a for a in plan.grid("attention", config, offered).values() if a["impl"] == "mine")
+    cell = dataclasses.replace(plan.plan_cell("attention", axes, config, offered), timeout_s=300)
+    assert str(external.resolve()) not in cell_file_hashes("attention", axes, config["plugins"], offered)
+    (row,) = run_cell(cell)
     assert row["status"] == "error"  # its kernel returns q (the check finds k, v unused); its import ran all the same
-    files = cell_file_hashes("attention", axes, config["plugins"])  # what the job writes beside the cell's CSV
+    files = cell_file_hashes("attention", axes, config["plugins"], offered)  # what the job writes beside the cell's CSV
     assert str(external.resolve()) in files and f"{config['plugins']['path']}/{dynamic.name}" in files
 
 
@@ -313,10 +315,10 @@ def test_a_plugin_that_runs_our_kernels_is_hashed_with_them(tmp_path):
     fixture = REPO / "tests/fixtures/course_repo"
     config = config_with(fixture, "tests.adapters:get_flashattention_autograd_function_triton")
     config["plugins"]["attention"]["mine"]["form"] = "adapter"
-    validate_config(config, check_imports="subprocess")
+    config, offered = validate_config(config, check_imports="subprocess")
     labels = set(plugins.recorded(str(fixture), "tests.adapters:get_flashattention_autograd_function_triton").values())
     assert {"cs336_systems/flash_triton.py", "cs336sys/models/triton_attention.py"} <= labels, labels
-    axes = next(iter(S.grid("attention", config).values()))
+    axes = next(iter(plan.grid("attention", config, offered).values()))
     assert (REPO / "src/cs336sys/models/triton_attention.py").resolve() in plugins.cell_files(
-        S.cell_settings("attention", axes, config)["plugins"]
+        plan.plan_cell("attention", axes, config, offered).plugins
     )

@@ -13,6 +13,7 @@ import torch
 from cs336sys import catalog, plugins
 from cs336sys import studies as S
 from cs336sys.measure.correctness import check_attention
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import validate_config
 from cs336sys.pipeline.config_file import ConfigError
 from cs336sys.rows import STATUSES, Wrong
@@ -26,8 +27,11 @@ MODEL = "cs336_basics.model:BasicsTransformerLM"
 
 
 def section(path=FIXTURE, **extra):
-    return {"path": str(path), "attention": {"course-flash": {"function": RIGHT, "form": "adapter"},
-                                              "no-scale": {"function": WRONG, "form": "callable"}}, **extra}  # fmt: skip
+    return {
+        "path": str(path),
+        "attention": {"course-flash": {"function": RIGHT, "form": "adapter"}, "no-scale": {"function": WRONG, "form": "callable"}},
+        **extra,
+    }
 
 
 def demo_config(plugins_section, **overrides):
@@ -52,15 +56,25 @@ def _error(config, check_imports="here") -> str:
 
 
 # --- registration -------------------------------------------------------------------------------
-def test_user_names_join_the_catalog_and_the_schema_enums():
-    config = validate_config(demo_config(section()), check_imports="here")
-    offered = {name: set(catalog.names(S.study(name).kind)) for name in ("attention", "flash", "e2e")}
-    assert {"course-flash", "no-scale"} <= offered["attention"] & offered["flash"]
-    assert "course-flash" not in offered["e2e"]
-    assert catalog.lookup("course-flash").family == "user"
+def test_user_names_join_the_view_that_validation_answers_and_its_grids():
+    config, offered = validate_config(demo_config(section()), check_imports="here")
+    names = {name: set(offered.names(S.study(name).kind)) for name in ("attention", "flash", "e2e")}
+    assert {"course-flash", "no-scale"} <= names["attention"] & names["flash"]
+    assert "course-flash" not in names["e2e"]
+    assert offered.lookup("course-flash").family == "user"
     assert config["plugins"]["attention"]["course-flash"]["form"] == "adapter"
-    grid = S.grid("attention", config)
+    grid = plan.grid("attention", config, offered)
     assert any("impl=course-flash" in cell for cell in grid) and any("impl=no-scale" in cell for cell in grid)
+
+
+def test_validating_a_config_with_plugins_changes_no_module_state():
+    before, config = catalog.names(), demo_config(section(model=MODEL))
+    for study in ("e2e", "warmup", "profile", "memory"):
+        config[study]["grid"]["impl"] = ["eager"]
+    config, offered = validate_config(config, check_imports="")
+    assert catalog.names() == before == catalog.BUILT_IN.names()  # the process's catalog: no user line registered
+    assert plugins.active_model() is None  # nor the user's model
+    assert "no-scale" in offered.names() and "no-scale" not in catalog.BUILT_IN.names()
 
 
 def test_activating_again_replaces_the_user_lines():
@@ -191,14 +205,13 @@ def test_the_check_finds_a_wrong_implementation(function, form):
 
 @pytest.mark.slow
 def test_a_wrong_implementation_is_a_wrong_row_without_a_time():
-    from cs336sys.pipeline.cells import Cell, run_cell
+    from cs336sys.pipeline.cells import run_cell
 
-    config = validate_config(demo_config(section()), check_imports="")
-    axes = next(a for a in S.grid("attention", config).values() if a["impl"] == "no-scale")
-    settings = S.cell_settings("attention", axes, config)
-    assert settings["plugins"] == {"path": str(FIXTURE), "attention": {"no-scale": {"function": WRONG, "form": "callable"}}}
-    plugins.activate({})  # the child registers the name from the cell's settings alone
-    (row,) = run_cell(Cell(**settings, timeout_s=120))
+    config, offered = validate_config(demo_config(section()), check_imports="")
+    axes = next(a for a in plan.grid("attention", config, offered).values() if a["impl"] == "no-scale")
+    cell = plan.plan_cell("attention", axes, config, offered)
+    assert cell.plugins == {"path": str(FIXTURE), "attention": {"no-scale": {"function": WRONG, "form": "callable"}}}
+    (row,) = run_cell(cell)  # the child registers the name from the cell's settings alone
     assert row["status"] == "wrong" and "wrong" in STATUSES
     assert "max abs error" in row["error"] and "median_ms" not in row
 
@@ -210,10 +223,11 @@ def test_editing_a_kernel_changes_exactly_the_hashes_of_its_cells(tmp_path):
     config = demo_config(plug)
     for study in ("e2e", "warmup", "profile", "memory"):
         config[study]["grid"]["impl"] = ["eager"]
-    validate_config(config, check_imports="")
+    config, offered = validate_config(config, check_imports="")
 
     def hashes():
-        return {(s, c): S.cell_code_hash(s, a, config["plugins"]) for s in config["studies"] for c, a in S.grid(s, config).items()}
+        grids = {s: plan.grid(s, config, offered) for s in config["studies"]}
+        return {(s, c): plan.cell_code_hash(s, a, config["plugins"], offered) for s, grid in grids.items() for c, a in grid.items()}
 
     before = hashes()
     kernel = repo / "cs336_systems/flash_attention.py"
@@ -228,12 +242,12 @@ def test_editing_a_kernel_changes_exactly_the_hashes_of_its_cells(tmp_path):
 
 
 def test_a_cell_without_plugins_keeps_its_params_and_hash():
-    plain = validate_config(load_config(REPO, DEMO))
-    with_plugins = validate_config(demo_config(section()), check_imports="")
+    plain, built_in = validate_config(load_config(REPO, DEMO))
+    with_plugins, offered = validate_config(demo_config(section()), check_imports="")
     for study in ("attention", "flash", "e2e"):
-        for cell, axes in S.grid(study, plain).items():
-            assert "plugins" not in S.cell_settings(study, axes, with_plugins)
-            assert S.cell_code_hash(study, axes, with_plugins["plugins"]) == S.cell_code_hash(study, axes)
+        for cell, axes in plan.grid(study, plain, built_in).items():
+            assert plan.plan_cell(study, axes, with_plugins, offered).params() == plan.plan_cell(study, axes, plain, built_in).params()
+            assert plan.cell_code_hash(study, axes, with_plugins["plugins"], offered) == plan.cell_code_hash(study, axes, None, built_in)
 
 
 def test_source_files_walk_the_users_imports_under_path_only():
@@ -248,7 +262,7 @@ def test_source_files_walk_the_users_imports_under_path_only():
         "cs336_systems/flash_attention.py",
         "cs336_systems/flash_triton.py",
         "cs336_systems/wrong_attention.py",
-    }  # fmt: skip  (torch, math: not under path)
+    }  # torch, math: not under path
 
 
 def test_a_user_model_builds_from_the_course_constructor():
@@ -268,13 +282,20 @@ def test_a_user_model_builds_from_the_course_constructor():
 PLUGIN_FILE = "config/test-plugins.yaml"
 PLUGIN_OVERLAY = {  # over config/cpu-demo.yaml: the user's model in e2e, the user's attention (one right, two wrong)
     "studies": ["e2e", "attention"],
-    "plugins": {"path": "course_repo", "model": MODEL, "attention": {
-        "course-flash": {"function": RIGHT, "form": "adapter"}, "no-scale": {"function": WRONG, "form": "callable"},
-        "no-rescale": {"function": "cs336_systems.flash_no_rescale:attention", "form": "callable"}}},
+    "plugins": {
+        "path": "course_repo",
+        "model": MODEL,
+        "attention": {
+            "course-flash": {"function": RIGHT, "form": "adapter"},
+            "no-scale": {"function": WRONG, "form": "callable"},
+            "no-rescale": {"function": "cs336_systems.flash_no_rescale:attention", "form": "callable"},
+        },
+    },
     "e2e": {"grid": {"size": ["tiny"], "context_length": [32], "precision": ["fp32"], "impl": ["eager"], "compile": [False]}, "passes": 1},
-    "attention": {"grid": {"d_model": [16], "seq_len": [64], "activation": ["softmax"],
-                           "impl": ["eager", "course-flash", "no-scale", "no-rescale"]}},
-}  # fmt: skip
+    "attention": {
+        "grid": {"d_model": [16], "seq_len": [64], "activation": ["softmax"], "impl": ["eager", "course-flash", "no-scale", "no-rescale"]}
+    },
+}
 
 
 @pytest.mark.slow

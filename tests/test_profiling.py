@@ -18,6 +18,7 @@ from cs336sys.measure.profiling import (
     events_from_profiler,
     profile_steps,
 )
+from cs336sys.measure.session import Session
 from cs336sys.studies.profile.report import non_matmul_kernels, profile_answers
 
 # Two steps. Step 1: forward [0, 100], backward [100, 250], optimizer [250, 300],
@@ -135,7 +136,7 @@ def test_real_cpu_profile(tmp_path):
             opt.zero_grad(set_to_none=True)
 
     trace = tmp_path / "trace.json.gz"
-    prof = profile_steps(step, steps=3, device="cpu", trace_path=str(trace))
+    prof = profile_steps(step, Session(), steps=3, device="cpu", trace_path=str(trace))
     ranges, kernels = events_from_profiler(prof)
 
     assert [r.name for r in ranges if r.name in PHASES] == list(PHASES) * 3

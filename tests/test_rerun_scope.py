@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from cs336sys import studies as S
+from cs336sys.catalog import BUILT_IN
 from cs336sys.pipeline.code_record import cell_file_hashes
 from workflow_helpers import REPO
 
@@ -28,14 +29,15 @@ PRESETS = ("config/full.yaml", "config/cpu-demo.yaml")
 # every cell of the presets (and one per schema implementation of each impl study): id → hash
 _HASHES = r"""
 import json, sys
-from cs336sys import studies as S
+from cs336sys.catalog import BUILT_IN
+from cs336sys.pipeline import plan
 from workflow_helpers import REPO, load_config
 out = {}
 for preset in json.loads(sys.argv[1]):
     config = load_config(REPO, preset)
     for study in config["studies"]:
-        for cell, axes in S.grid(study, config).items():
-            out[f"{study}/{cell}"] = [S.cell_code_hash(study, axes), sorted(S.cell_entries(study, axes)) if hasattr(S, "cell_entries") else None]
+        for cell, axes in plan.grid(study, config, BUILT_IN).items():
+            out[f"{study}/{cell}"] = [plan.cell_code_hash(study, axes, None, BUILT_IN), sorted(plan.cell_entries(study, axes, BUILT_IN))]
 print(json.dumps(out))
 """
 
@@ -143,12 +145,15 @@ def test_a_new_fold_column_changes_no_cell_hash_but_a_new_statistic_changes_ever
 
 def test_the_code_record_names_the_catalog_lines_a_cell_runs():
     axes = {"seq_len": 128, "head_dim": 64, "precision": "bf16", "impl": "triton", "num_heads": 1}
-    files = cell_file_hashes("flash", axes)
+    files = cell_file_hashes("flash", axes, None, BUILT_IN)
     assert "catalog.py:triton" in files and "catalog.py" in files
     assert not [f for f in files if f.startswith("catalog.py:") and f != "catalog.py:triton"]
     e2e = {"size": "tiny", "context_length": 32, "precision": "fp32", "impl": "eager", "compile": 0, "cuda_graphs": 0}
     e2e = {a: e2e.get(a, 0) for a in S.study("e2e").axes}
-    assert {f for f in cell_file_hashes("e2e", e2e) if f.startswith("catalog.py:")} == {"catalog.py:eager", "catalog.py:sdpa"}  # + its pair
+    assert {f for f in cell_file_hashes("e2e", e2e, None, BUILT_IN) if f.startswith("catalog.py:")} == {
+        "catalog.py:eager",
+        "catalog.py:sdpa",
+    }  # + its pair
     assert not [
         f for f in files if f.startswith("studies/") and not f.startswith(("studies/flash/", "studies/attention/", "studies/__init__"))
     ]

@@ -63,25 +63,25 @@ def test_auto_or_unset_takes_the_detected_gpu(default_config, monkeypatch, given
         default_config.pop("run", None)  # config.yaml leaves it to its default
     else:
         default_config["run"] = given
-    assert C.validate_config(default_config, SCHEMA)["run"] == "h200"
+    assert C.validate_config(default_config, SCHEMA)[0]["run"] == "h200"
 
 
 def test_no_gpu_names_the_run_cpu(default_config, monkeypatch):
     monkeypatch.setattr(C, "detected_gpu_name", lambda: None)
     default_config["run"] = "auto"
-    assert C.validate_config(default_config, SCHEMA)["run"] == "cpu"
+    assert C.validate_config(default_config, SCHEMA)[0]["run"] == "cpu"
 
 
 def test_device_cpu_is_cpu_whatever_the_gpu(default_config, monkeypatch):
     monkeypatch.setattr(C, "detected_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
     default_config.update(run="auto", device="cpu", studies=["precision"])
-    assert C.validate_config(default_config, SCHEMA)["run"] == "cpu"
+    assert C.validate_config(default_config, SCHEMA)[0]["run"] == "cpu"
 
 
 def test_a_set_name_is_kept(default_config, monkeypatch):
     monkeypatch.setattr(C, "detected_gpu_name", lambda: pytest.fail("a set run name must not look for a GPU"))
     default_config["run"] = "h100-e2e-a"
-    assert C.validate_config(default_config, SCHEMA)["run"] == "h100-e2e-a"
+    assert C.validate_config(default_config, SCHEMA)[0]["run"] == "h100-e2e-a"
 
 
 def test_auto_with_cells_elsewhere_asks_for_a_name(default_config, monkeypatch):

@@ -23,8 +23,9 @@ import pytest
 import yaml
 
 from cs336sys import studies as S
+from cs336sys.catalog import BUILT_IN
 from cs336sys.cli import build_parser, result_tables
-from cs336sys.pipeline import cells, warm
+from cs336sys.pipeline import cells, plan, warm
 from cs336sys.pipeline import config as C
 from cs336sys.pipeline.config import ConfigError, validate_config
 from cs336sys.pipeline.finish import finished_message, run_command
@@ -101,7 +102,7 @@ def test_an_unreadable_earlier_file_holds_no_ok_rows_to_protect(job, text):
 def _gpu_config(**changes) -> dict:
     config = load_config(REPO, validated=False)
     config.update(run="h100", **changes)
-    return validate_config(config)
+    return validate_config(config)[0]
 
 
 def _snapshot(tmp_path: Path, config: dict) -> Path:
@@ -124,13 +125,13 @@ def test_a_gpu_run_is_not_remeasured_where_the_local_gpu_check_is_off(tmp_path):
 
 
 def test_the_local_gpu_check_of_a_cpu_run_changes_nothing(tmp_path):
-    config = validate_config(load_config(REPO, DEMO, validated=False))
+    config, _ = validate_config(load_config(REPO, DEMO, validated=False))
     snapshot = _snapshot(tmp_path, config)
     C.check_run_snapshot({**copy.deepcopy(config), "check_local_cuda": True}, snapshot)  # device: cpu never checks
 
 
 def _one_cell(config: dict, study: str = "attention") -> str:
-    cell = next(iter(S.grid(study, config)))
+    cell = next(iter(plan.grid(study, config, BUILT_IN)))
     return f"results/{config['run']}/{study}/cells/{S.pass_dir(0)}{cell}.csv"
 
 

@@ -30,11 +30,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cs336sys import studies as S
 from cs336sys.cli import main
 from cs336sys.pipeline import cells as cells_module
 from cs336sys.pipeline import config as C
 from cs336sys.pipeline import config_file as F
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import ConfigError, load_yaml, validate_config
 from workflow_helpers import DEMO, DEMO_RUN, REPO, copy_repo, deep_update, load_config, snakemake
 
@@ -97,7 +97,7 @@ LOADER_CASES = {
     "too-large": ("run: x\n" + "# padding\n" * 110_000, ["bad.yaml", "1100007 bytes", "at most 1000000"]),
     "too-deep": ("e2e: " + "[" * 2000 + "]" * 2000 + "\n", ["bad.yaml", "nested", "deep"]),
     "not-utf8": (b"run: caf\xe9\n", ["bad.yaml", "not UTF-8"]),
-}  # fmt: skip
+}
 
 
 def _write(tmp_path: Path, text: str | bytes, name: str = "bad.yaml") -> Path:
@@ -124,9 +124,23 @@ def test_loader_keeps_what_yaml_1_1_and_1_2_read_alike(tmp_path):
         "ratio: 0.5\nsci: 1.0e+3\nnan: .nan\nlist: &l [1, 2]\ncopy: *l\nmerged: {<<: {a: 1}, b: 2}\ntime: '1:30'\n"
     )
     data = load_yaml(_write(tmp_path, text, "good.yaml"))
-    assert data == {"run": "on", "name": "01024", "flag": True, "other": False, "nothing": None, "hex": 16, "zero": 0,
-                    "neg": -12, "ratio": 0.5, "sci": 1000.0, "nan": data["nan"], "list": [1, 2], "copy": [1, 2],
-                    "merged": {"a": 1, "b": 2}, "time": "1:30"}  # fmt: skip
+    assert data == {
+        "run": "on",
+        "name": "01024",
+        "flag": True,
+        "other": False,
+        "nothing": None,
+        "hex": 16,
+        "zero": 0,
+        "neg": -12,
+        "ratio": 0.5,
+        "sci": 1000.0,
+        "nan": data["nan"],
+        "list": [1, 2],
+        "copy": [1, 2],
+        "merged": {"a": 1, "b": 2},
+        "time": "1:30",
+    }
     assert math.isnan(data["nan"])
 
 
@@ -140,7 +154,7 @@ def test_the_snapshot_writer_quotes_what_the_strict_loader_refuses_plain(tmp_pat
     """A run or size may be named 1e3 or 0128 (valid names): PyYAML writes them plain, the strict loader refuses that."""
     cfg.update(run="1e3", extra_sizes={**cfg["extra_sizes"], "0128": TINY, "0o17": TINY})
     cfg["e2e"]["grid"]["size"] = ["0128"]
-    snapshot = C.settings_snapshot(validate_config(cfg))
+    snapshot = C.settings_snapshot(validate_config(cfg)[0])
     with pytest.raises(ConfigError):  # PyYAML's own dump: `run: 1e3`, plain
         load_yaml(_write(tmp_path, yaml.safe_dump(snapshot, sort_keys=False), "plain.yaml"))
     assert load_yaml(_write(tmp_path, F.dump_yaml(snapshot), "quoted.yaml")) == snapshot
@@ -154,8 +168,11 @@ TYPE_CASES = {
     "float-context-length": ("e2e.grid.context_length", [32.0], ["'e2e.grid.context_length.0'", "not of type 'integer'"]),
     "float-warmup-axis": ("warmup.grid.warmup_steps", [0, 1.0], ["'warmup.grid.warmup_steps.1'", "not of type 'integer'"]),
     "float-num-heads": ("extra_sizes.tiny", {**TINY, "num_heads": 4.0}, ["'extra_sizes.tiny.num_heads'", "not of type 'integer'"]),
-    "float-leaderboard": ("flash.leaderboard", {"seq_len": 64.0, "head_dim": 16, "num_heads": 1, "precision": "fp32"},
-                          ["'flash.leaderboard.seq_len'", "not of type 'integer'"]),
+    "float-leaderboard": (
+        "flash.leaderboard",
+        {"seq_len": 64.0, "head_dim": 16, "num_heads": 1, "precision": "fp32"},
+        ["'flash.leaderboard.seq_len'", "not of type 'integer'"],
+    ),
     "float-top-n": ("memory.top_n", 10.0, ["'memory.top_n'", "not of type 'integer'"]),
     "float-runtime": ("e2e.resources.runtime_min", 5.0, ["'e2e.resources.runtime_min'", "not of type 'integer'"]),
     "bool-memory-fraction": ("memory_fraction", True, ["'memory_fraction'", "True is not of type 'number', 'null'"]),
@@ -163,7 +180,7 @@ TYPE_CASES = {
     "bool-min-measure": ("e2e.min_measure_s", False, ["'e2e.min_measure_s'", "not of type 'number'"]),
     "bool-peak": ("peak_tflops", {"H100": {"bf16": True}}, ["'peak_tflops.H100.bf16'", "not of type 'number'"]),
     "bool-floor": ("interval_floor_rel", True, ["'interval_floor_rel'", "not of type 'number'"]),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(TYPE_CASES))
@@ -183,7 +200,7 @@ NAME_CASES = {
     "peak-key-empty": ("peak_tflops", {"": {"bf16": 100}}, ["'peak_tflops'", "''", "no leading or trailing whitespace"]),
     "peak-key-trailing-space": ("peak_tflops", {"H100 ": {"bf16": 100}}, ["'peak_tflops'", "'H100 '", "no leading or trailing whitespace"]),
     "peak-key-newline": ("peak_tflops", {"H100\n": {"bf16": 100}}, ["'peak_tflops'", "no leading or trailing whitespace"]),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(NAME_CASES))
@@ -271,9 +288,14 @@ def test_the_string_null_stays_a_string_where_null_is_not_allowed(cfg):
 # ---------------------------------------------------------------- sizes: grids and expanded objects
 def _big_grid(cfg: dict, n: int = 10) -> dict:
     cfg["studies"] = ["attention"]
-    cfg["attention"]["grid"] = {"d_model": [16 * (i + 1) for i in range(n)], "seq_len": [64 * (i + 1) for i in range(n)],
-                                "activation": ["softmax", "relu"], "impl": ["eager", "compiled"], "causal": [True, False],
-                                "precision": ["fp32", "bf16", "tf32"]}  # fmt: skip
+    cfg["attention"]["grid"] = {
+        "d_model": [16 * (i + 1) for i in range(n)],
+        "seq_len": [64 * (i + 1) for i in range(n)],
+        "activation": ["softmax", "relu"],
+        "impl": ["eager", "compiled"],
+        "causal": [True, False],
+        "precision": ["fp32", "bf16", "tf32"],
+    }
     return cfg
 
 
@@ -285,11 +307,16 @@ def _shared_bomb(levels: int = 9):
 
 
 SIZE_CASES = {
-    "grid-too-large": (lambda c: _big_grid(c, 40), ["'max_cell_jobs'", "38400 cell jobs", "attention: 40 × 40 × 2 × 2 × 2 × 3", "at most 10000"]),
-    "grid-too-large-with-passes": (lambda c: {**_big_grid(c, 15), "attention": {**c["attention"], "passes": 2}},
-                                   ["'max_cell_jobs'", "10800 cell jobs", "= 5400 cells × 2 passes"]),
+    "grid-too-large": (
+        lambda c: _big_grid(c, 40),
+        ["'max_cell_jobs'", "38400 cell jobs", "attention: 40 × 40 × 2 × 2 × 2 × 3", "at most 10000"],
+    ),
+    "grid-too-large-with-passes": (
+        lambda c: {**_big_grid(c, 15), "attention": {**c["attention"], "passes": 2}},
+        ["'max_cell_jobs'", "10800 cell jobs", "= 5400 cells × 2 passes"],
+    ),
     "shared-object-bomb": (lambda c: {**c, "peak_tflops": {"H100": _shared_bomb()}}, ["more than 100000", "nodes"]),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(SIZE_CASES))
@@ -299,7 +326,7 @@ def test_oversized_configs_are_rejected_before_planning(cfg, monkeypatch, case):
     def no_planning(*args, **kwargs):
         raise AssertionError("the grid was planned before its size was checked")
 
-    monkeypatch.setattr(S, "cells", no_planning)
+    monkeypatch.setattr(plan, "cells", no_planning)
     config = make(cfg)
     t0 = time.monotonic()
     message = _config_error(config)
@@ -309,7 +336,7 @@ def test_oversized_configs_are_rejected_before_planning(cfg, monkeypatch, case):
 
 def test_max_cell_jobs_is_the_limit(cfg):
     """A limit of exactly the CPU demo's cell jobs passes it, one fewer does not."""
-    full = validate_config(copy.deepcopy(cfg))
+    full, _ = validate_config(copy.deepcopy(cfg))
     jobs = sum(math.prod(map(len, full[s]["grid"].values())) * full[s].get("passes", 1) for s in full["studies"])
     validate_config({**copy.deepcopy(cfg), "max_cell_jobs": jobs})
     _assert_names(_config_error({**cfg, "max_cell_jobs": jobs - 1}), "'max_cell_jobs'", f"{jobs} cell jobs", f"at most {jobs - 1}")
@@ -338,7 +365,7 @@ def test_a_run_measured_with_another_device_is_refused(tmp_path, cfg, case):
     changed = copy.deepcopy(cfg)
     changed[key] = value
     with pytest.raises(ConfigError) as info:
-        C.check_run_snapshot(validate_config(changed), snapshot)
+        C.check_run_snapshot(validate_config(changed)[0], snapshot)
     _assert_names(str(info.value), *expected, str(snapshot))
 
 
@@ -348,7 +375,7 @@ def test_overwrite_another_run_name_or_the_same_device_pass(tmp_path, cfg):
     C.check_run_snapshot(copy.deepcopy(cfg), snapshot)  # same settings
     C.check_run_snapshot({**copy.deepcopy(cfg), "batch": 1}, tmp_path / "results" / "other" / "config.yaml")  # no snapshot yet
     forced = {**copy.deepcopy(cfg), "device": "cuda", "overwrite": True}
-    C.check_run_snapshot(validate_config(forced), snapshot)
+    C.check_run_snapshot(validate_config(forced)[0], snapshot)
 
 
 def test_the_snapshot_leaves_out_overwrite_and_max_cell_jobs(cfg):
@@ -379,15 +406,20 @@ def _tiny_file(tmp_path: Path, extra: str = "") -> Path:
 
 
 def test_cli_config_applies_device_memory_fraction_cache_dir_grid_and_timeout(monkeypatch, tmp_path):
-    path = _tiny_file(tmp_path, "device: cpu\nmemory_fraction: 0.5\ncache_dir: /tmp/cs336sys-cache\n"
-                                "e2e:\n  grid: {size: [tiny], context_length: [16]}\n  timeout_s: 7\n  vocab_size: 100\n")  # fmt: skip
+    path = _tiny_file(
+        tmp_path,
+        "device: cpu\nmemory_fraction: 0.5\ncache_dir: /tmp/cs336sys-cache\n"
+        "e2e:\n  grid: {size: [tiny], context_length: [16]}\n  timeout_s: 7\n  vocab_size: 100\n",
+    )
     cell = _cell_of(monkeypatch, ["e2e", "--config", str(path)])
     assert cell.device == "cpu" and cell.memory_fraction == 0.5 and cell.cache_dir == "/tmp/cs336sys-cache"
-    assert cell.axes["size"] == "tiny" and cell.axes["context_length"] == 16 and cell.kwargs["vocab_size"] == 100
+    assert cell.axes["size"] == "tiny" and cell.axes["context_length"] == 16 and cell.kwargs()["vocab_size"] == 100
     assert cell.timeout_s == 7
     # flags on the command line win over the file
-    cell = _cell_of(monkeypatch, ["e2e", "--config", str(path), "--device", "auto", "--memory-fraction", "0.25",
-                                  "--context-length", "8", "--timeout", "9"])  # fmt: skip
+    cell = _cell_of(
+        monkeypatch,
+        ["e2e", "--config", str(path), "--device", "auto", "--memory-fraction", "0.25", "--context-length", "8", "--timeout", "9"],
+    )
     assert cell.device == "auto" and cell.memory_fraction == 0.25 and cell.axes["context_length"] == 8 and cell.timeout_s == 9
 
 
@@ -431,7 +463,7 @@ CLI_REJECTED = {
     "float-for-int": ("e2e:\n  batch_size: 2.0\n", ["'e2e.batch_size' (in --config", "not of type 'integer'"]),
     "alias-bomb": (_bomb(), ["--config", "more than 100000"]),
     "peak-absurd": ("peak_tflops: {cpu: {fp32: 1.0e-300}}\n", ["'peak_tflops.cpu.fp32'", "minimum of 0.01"]),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(CLI_REJECTED))
@@ -464,9 +496,12 @@ SNAKEMAKE_CASES = {
     "empty-block": ("e2e:\n", [], ["bad.yaml", "config key 'e2e'", "empty"]),
     "empty-on-command-line": (None, ["e2e="], ["--config", "config key 'e2e'", "empty"]),
     "float-on-command-line": (None, ["max_cell_jobs=2.0"], ["'max_cell_jobs'", "not of type 'integer'"]),
-    "grid-too-large": ("attention:\n  grid: {d_model: " + str(list(range(2, 400, 2))) + ", seq_len: " + str(list(range(8, 800, 8))) + "}\n",
-                       [], ["'max_cell_jobs'", "cell jobs"]),
-}  # fmt: skip
+    "grid-too-large": (
+        "attention:\n  grid: {d_model: " + str(list(range(2, 400, 2))) + ", seq_len: " + str(list(range(8, 800, 8))) + "}\n",
+        [],
+        ["'max_cell_jobs'", "cell jobs"],
+    ),
+}
 
 
 @pytest.mark.slow
@@ -503,9 +538,17 @@ def test_snakemake_cache_dir_null_on_the_command_line_is_null_and_a_device_chang
 
 # ---------------------------------------------------------------- the count the closing note quotes
 INPUTS_TRIED = (
-    len(LOADER_CASES) + len(TYPE_CASES) + len(NAME_CASES) + len(PEAK_CASES) + len(EMPTY_BLOCK_CASES)
-    + len(SIZE_CASES) + len(RUN_CASES) + len(CLI_REJECTED) + len(SNAKEMAKE_CASES) + 1
-)  # fmt: skip
+    len(LOADER_CASES)
+    + len(TYPE_CASES)
+    + len(NAME_CASES)
+    + len(PEAK_CASES)
+    + len(EMPTY_BLOCK_CASES)
+    + len(SIZE_CASES)
+    + len(RUN_CASES)
+    + len(CLI_REJECTED)
+    + len(SNAKEMAKE_CASES)
+    + 1
+)
 
 
 def test_the_count_of_bad_inputs():

@@ -12,6 +12,8 @@ import pytest
 
 from cs336sys import studies as S
 from cs336sys.analysis.tables import failures, of_kind, ok_rows
+from cs336sys.catalog import BUILT_IN
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import validate_config
 from cs336sys.pipeline.merge import load_study, merge_cells, upgrade
 from cs336sys.rows import HEAD_COLUMNS, write_csv_atomic
@@ -35,7 +37,7 @@ def _committed_csvs() -> list[str]:
 
 @pytest.fixture(scope="module")
 def demo_config():
-    return validate_config(load_config(REPO, DEMO))
+    return validate_config(load_config(REPO, DEMO))[0]
 
 
 def _old_frame(study: str, axes: dict) -> pd.DataFrame:
@@ -50,7 +52,7 @@ def _old_frame(study: str, axes: dict) -> pd.DataFrame:
 @pytest.mark.parametrize("study", sorted(name for name in S.STUDIES if S.study(name).renamed))
 def test_upgrade_renames_old_axis_columns_and_rebuilds_cell_ids(demo_config, study):
     spec = S.study(study)
-    axes = {**S.cells(study, demo_config[study])[0], **spec.added_axes}  # an axis added since has its old runs' value
+    axes = {**plan.cells(study, demo_config[study], BUILT_IN)[0], **spec.added_axes}  # an axis added since has its old runs' value
     old = _old_frame(study, axes)
     old = old.drop(columns=[{v: k for k, v in spec.renamed.items()}.get(a, a) for a in spec.added_axes])  # not a column then
     assert set(spec.renamed) & set(old.columns), "the old frame should carry old names"
@@ -75,7 +77,7 @@ def test_upgrade_prefers_the_old_axis_over_a_setting_of_the_same_new_name():
 
 def test_upgrade_is_a_no_op_on_current_frames(demo_config):
     for study in S.STUDIES:
-        axes = S.cells(study, demo_config[study])[0]
+        axes = plan.cells(study, demo_config[study], BUILT_IN)[0]
         current = pd.DataFrame([{"study": study, "cell_id": S.cell_id(study, axes), "status": "ok", "error": "", **axes}])
         assert upgrade(current, study) is current
 

@@ -22,7 +22,10 @@ import torch
 
 from cell_kwargs import cell_kwargs
 from cs336sys import studies as S
+from cs336sys.catalog import BUILT_IN
+from cs336sys.measure.session import Session
 from cs336sys.models.variants import tutorial_unsupported
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import ConfigError, validate_config
 from cs336sys.rows import Skip
 
@@ -184,19 +187,19 @@ def test_config_filter_drops_blocks_the_forward_cannot_run():
 
 
 def _flash_section(**grid) -> dict:
-    return validate_config({"run": "t", "device": "cpu", "studies": ["flash"], "flash": {"grid": grid, "leaderboard": None}})["flash"]
+    return validate_config({"run": "t", "device": "cpu", "studies": ["flash"], "flash": {"grid": grid, "leaderboard": None}})[0]["flash"]
 
 
 def test_flash_cells_leave_out_what_the_tutorial_does_not_handle():
     section = _flash_section(
         seq_len=[100, 128, 16384], head_dim=[16, 64], precision=["fp32", "bf16"], impl=["tutorial", "eager"], num_heads=[1]
     )
-    tutorial = {(c["seq_len"], c["head_dim"], c["precision"]) for c in S.cells("flash", section) if c["impl"] == "tutorial"}
-    eager = [c for c in S.cells("flash", section) if c["impl"] == "eager"]
+    tutorial = {(c["seq_len"], c["head_dim"], c["precision"]) for c in plan.cells("flash", section, BUILT_IN) if c["impl"] == "tutorial"}
+    eager = [c for c in plan.cells("flash", section, BUILT_IN) if c["impl"] == "eager"]
     assert tutorial == {(128, 64, "bf16"), (16384, 64, "bf16")}
     assert len(eager) == 3 * 2 * 2  # other implementations keep every combination
     board = {"seq_len": 16384, "head_dim": 64, "num_heads": 16, "precision": "bf16"}
-    assert {"impl": "tutorial", **board} in S.cells("flash", {**section, "leaderboard": board})
+    assert {"impl": "tutorial", **board} in plan.cells("flash", {**section, "leaderboard": board}, BUILT_IN)
 
 
 def test_a_grid_of_unsupported_tutorial_cells_is_refused_with_the_reason():
@@ -215,10 +218,10 @@ def test_measure_skips_unsupported_and_cpu_without_the_interpreter(monkeypatch):
 
     kwargs = dict(seq_len=128, head_dim=64, precision="bf16", impl="tutorial")
     with pytest.raises(Skip, match="unsupported by the Triton tutorial kernel: head_dim 16"):
-        next(measure(torch.device("cpu"), {}, **cell_kwargs("flash", **{**kwargs, "head_dim": 16})))
+        next(measure(torch.device("cpu"), {}, Session(), **cell_kwargs("flash", **{**kwargs, "head_dim": 16})))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(Skip, match="needs CUDA"):
-        next(measure(torch.device("cpu"), {}, **cell_kwargs("flash", **kwargs)))
+        next(measure(torch.device("cpu"), {}, Session(), **cell_kwargs("flash", **kwargs)))
 
 
 @runs_here
@@ -229,6 +232,7 @@ def test_measure_times_the_tutorial_cell():
         measure(
             torch.device(DEVICE),
             {},
+            Session(),
             **cell_kwargs("flash", seq_len=128, head_dim=32, precision="bf16", impl="tutorial", num_heads=2, rep_ms=1),
         )
     )
@@ -239,14 +243,14 @@ def test_measure_times_the_tutorial_cell():
 def test_only_tutorial_cells_hash_the_tutorial_module():
     module = "cs336sys.models.triton_tutorial_attention"
     axes = {"seq_len": 128, "head_dim": 64, "precision": "bf16", "num_heads": 1}
-    assert module in S.cell_modules("flash", {**axes, "impl": "tutorial"})
-    assert "cs336sys.models.triton_attention" not in S.cell_modules("flash", {**axes, "impl": "tutorial"})
+    assert module in plan.cell_modules("flash", {**axes, "impl": "tutorial"}, BUILT_IN)
+    assert "cs336sys.models.triton_attention" not in plan.cell_modules("flash", {**axes, "impl": "tutorial"}, BUILT_IN)
     for impl in ("triton", "sdpa-flash", "eager", "compiled"):
-        assert module not in S.cell_modules("flash", {**axes, "impl": impl}), impl
+        assert module not in plan.cell_modules("flash", {**axes, "impl": impl}, BUILT_IN), impl
     for study in S.STUDIES:
         if study != "flash":
             any_cell = {a: 0 for a in S.study(study).axes}
-            assert module not in S.cell_modules(study, any_cell), study
+            assert module not in plan.cell_modules(study, any_cell, BUILT_IN), study
 
 
 @pytest.mark.skipif(ON_GPU or INTERPRETING, reason="the kernel tests run in this process")

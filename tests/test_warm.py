@@ -24,8 +24,8 @@ import pandas as pd
 import pytest
 
 from cell_kwargs import cell_kwargs
-from cs336sys import studies as S
-from cs336sys.pipeline import warm
+from cs336sys.catalog import BUILT_IN
+from cs336sys.pipeline import plan, warm
 from cs336sys.pipeline.config import validate_config
 from workflow_helpers import DEMO, REPO, load_config
 
@@ -44,8 +44,8 @@ print(run_job(json.loads(sys.argv[1]), 60.0, sys.argv[2], sys.argv[3], warm=sys.
 
 @pytest.fixture(scope="module")
 def precision_cell() -> dict:
-    config = validate_config(load_config(REPO, DEMO))
-    return S.cell_settings("precision", {"part": "accumulation"}, config)
+    config, _ = validate_config(load_config(REPO, DEMO))
+    return plan.plan_cell("precision", {"part": "accumulation"}, config, BUILT_IN).params()
 
 
 @pytest.fixture
@@ -212,8 +212,9 @@ from cs336sys.pipeline import warm
 failed = warm.preload()
 before, frozen = set(sys.modules), gc.get_freeze_count()
 if os.fork() == 0:  # a measuring child: one small e2e training step on the CPU
+    from cs336sys.measure.session import Session
     from cs336sys.studies.e2e.measure import measure
-    list(measure(torch.device("cpu"), {}, **json.loads(KWARGS)))
+    list(measure(torch.device("cpu"), {}, Session(), **json.loads(KWARGS)))
     print(json.dumps({"new": sorted(set(sys.modules) - before), "failed": failed, "frozen": frozen,
                       "cuda": torch.cuda.is_initialized()}), flush=True)
     os._exit(0)
@@ -224,10 +225,24 @@ os.wait()
 def test_preload_leaves_a_measuring_child_little_to_import():
     # torch imports torch._dynamo (sympy: ~900 modules) at a first backward; a child that does it
     # itself pays seconds per cell. After preload() it imports next to nothing, CUDA untouched.
-    kwargs = cell_kwargs("e2e", size="small", context_length=8, precision="fp32", batch_size=1, vocab_size=50, warmup_steps=1,
-                         measure_steps=1, modes=["train"])  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", f"KWARGS = {json.dumps(json.dumps(kwargs))}\n" + PRELOADED_CHILD], capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": SRC})  # fmt: skip
+    kwargs = cell_kwargs(
+        "e2e",
+        size="small",
+        context_length=8,
+        precision="fp32",
+        batch_size=1,
+        vocab_size=50,
+        warmup_steps=1,
+        measure_steps=1,
+        modes=["train"],
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", f"KWARGS = {json.dumps(json.dumps(kwargs))}\n" + PRELOADED_CHILD],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": SRC},
+    )
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert not got["failed"] and not got["cuda"] and got["frozen"] > 0

@@ -34,8 +34,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cs336sys import studies as S
-from cs336sys.pipeline import warm, warmcheck
+from cs336sys.catalog import BUILT_IN
+from cs336sys.pipeline import plan, warm, warmcheck
 from cs336sys.pipeline.config import validate_config
 from other_account import fork_as
 from test_warm import FAULT_ENV, SRC, _servers, _stop_server
@@ -57,8 +57,8 @@ print(run_job(json.loads(sys.argv[1]), 60.0, sys.argv[2], sys.argv[3], warm=sys.
 
 @pytest.fixture(scope="module")
 def cell() -> dict:
-    config = validate_config(load_config(REPO, DEMO))
-    return S.cell_settings("precision", {"part": "accumulation"}, config)
+    config, _ = validate_config(load_config(REPO, DEMO))
+    return plan.plan_cell("precision", {"part": "accumulation"}, config, BUILT_IN).params()
 
 
 def _short_dir(tag: str) -> Path:
@@ -289,8 +289,16 @@ def server(cell, tmp_path_factory):
 
 
 def _request(cell: dict, cwd: Path, **over) -> dict:
-    return {"cell": cell, "timeout_s": 60.0, "output": "cell.csv", "log": "cell.log", "env": {}, "cwd": str(cwd),
-            "pid": os.getpid(), **over}  # fmt: skip
+    return {
+        "cell": cell,
+        "timeout_s": 60.0,
+        "output": "cell.csv",
+        "log": "cell.log",
+        "env": {},
+        "cwd": str(cwd),
+        "pid": os.getpid(),
+        **over,
+    }
 
 
 def _ask(sock: Path, request: dict | None, timeout: float = 120) -> list[dict]:

@@ -166,7 +166,7 @@ def rerun(reduced, tmp_path):
 
 def _cells(root: Path, predicate=lambda study, axes: True) -> set[tuple[str, str]]:
     """(rule, cell id) of every job of every pass: rule <study>_cell for pass 0, <study>_pass<k> after."""
-    config = validate_config(load_config(root, DEMO, REDUCED_FILE))  # with the schema's defaults: warmup has 2 passes
+    config, _ = validate_config(load_config(root, DEMO, REDUCED_FILE))  # with the schema's defaults: warmup has 2 passes
     rules = {s: [f"{s}_cell"] + [f"{s}_pass{k}" for k in range(1, config[s].get("passes", 1))] for s in config["studies"]}
     return {(r, cid) for s in config["studies"] for cid, axes in grid(config, s).items() if predicate(s, axes) for r in rules[s]}
 

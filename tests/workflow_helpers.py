@@ -262,7 +262,7 @@ def load_config(root: Path, *configfiles: str, validated: bool = True) -> dict[s
     config = yaml.safe_load((root / "config.yaml").read_text()) or {}
     for name in configfiles:
         deep_update(config, yaml.safe_load((root / name).read_text()) or {})
-    return validate_config(config) if validated else config
+    return validate_config(config)[0] if validated else config
 
 
 def write_yaml(path: Path, data: Mapping[str, Any]) -> str:
@@ -272,10 +272,11 @@ def write_yaml(path: Path, data: Mapping[str, Any]) -> str:
 
 
 def grid(config: Mapping[str, Any], study: str) -> dict[str, dict]:
-    """Cell id → axes of ``study`` under ``config`` (the library's own grid, as the workflow uses it)."""
-    from cs336sys import studies as S
+    """Cell id → axes of ``study`` under ``config`` (the library's own grid, as the workflow plans it)."""
+    from cs336sys.pipeline.plan import grid as plan_grid
+    from cs336sys.plugins import offered
 
-    return S.grid(study, config)
+    return plan_grid(study, config, offered(config.get("plugins")))
 
 
 # --- reading outputs ---------------------------------------------------------------------------

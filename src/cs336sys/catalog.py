@@ -10,14 +10,15 @@ hashes (a cell hashes an implementation's module only when its ``impl`` axis
 selects it: ``studies.cell_modules``), the roofline's bytes moved (``traffic``,
 counted by ``measure.bytes_moved``) and the answers' split of ours from PyTorch's. Importing this module imports nothing heavy.
 
-A later implementation, built in or named by a user, is one more line (or a
-:func:`register` call at run time); a name can be declared once only.
+A later implementation, built in or named by a user, is one more line; a user's lines join a
+:class:`Catalog` view of the built-in ones (``plugins.offered``), and only a measuring child
+registers them in its own process (:func:`register`). A name can be declared once only.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -102,7 +103,8 @@ _TUTORIAL = "cs336sys.models.triton_tutorial_attention"
 _EAGER = {"softmax": "softmax_attention", "relu": "relu_attention"}
 _SDPA = {"softmax": "sdpa_attention"}  # SDPA has no ReLU
 
-# One line per implementation; the order is the order error messages list the names in.
+# One line per implementation; the order is the order error messages list the names in. `fmt: skip` keeps
+# each on one line: a diff, and a cell's rerun note (`catalog.py:<name>`), then shows one implementation.
 _BUILT_IN = (
     Impl("eager", "pytorch", _CORES, _EAGER, (LM, CORE, FUSED), "eager PyTorch attention", traffic="eager"),
     Impl("compiled", "pytorch", _CORES, _EAGER, (CORE, FUSED), "torch.compile of eager attention", compile=True, traffic="compiled"),
@@ -115,13 +117,13 @@ _BUILT_IN = (
     Impl("sdpa-efficient", "pytorch", _CORES, _SDPA, (FUSED,), "SDPA's memory-efficient backend", backend="EFFICIENT_ATTENTION", traffic="fused"),
 )  # fmt: skip
 
-_IMPLS: dict[str, Impl] = {}
+_IMPLS: dict[str, Impl] = {}  # this process's lines: the built-in ones, and a measuring child's plug-ins (register)
 
 
-def register(impl: Impl) -> Impl:
-    """Add ``impl`` to the catalog; refuse a name declared already or a line that names unknown things."""
-    if impl.name in _IMPLS:
-        raise ValueError(f"attention implementation {impl.name!r} is declared already (in {_IMPLS[impl.name].module}); pick another name")
+def _check(impl: Impl, declared: Mapping[str, Impl]) -> None:
+    """Refuse a name declared already or a line that names unknown things."""
+    if impl.name in declared:
+        raise ValueError(f"attention implementation {impl.name!r} is declared already (in {declared[impl.name].module}); pick another name")
     problems = []
     if not NAME.fullmatch(impl.name):
         problems.append(f"name {impl.name!r} (allowed: lower-case letters, digits and '-', pattern {NAME.pattern})")
@@ -137,35 +139,58 @@ def register(impl: Impl) -> Impl:
         problems.append(f"no softmax entry, but kinds {list(impl.kinds)} run softmax attention")
     if problems:
         raise ValueError(f"attention implementation {impl.name!r}: invalid " + "; ".join(problems))
+
+
+class Catalog:
+    """Implementation lines by name, read-only: the built-in ones (:data:`BUILT_IN`), or those plus a config's
+    plug-ins (``plugins.offered``). Validation answers one with the config, and what plans cells, lists a
+    study's names or builds its schema asks it; nothing registers into the process to let them see the names."""
+
+    def __init__(self, lines: Mapping[str, Impl]) -> None:
+        self._lines = lines
+
+    def plus(self, lines: Iterable[Impl]) -> Catalog:
+        """These lines and ``lines`` (each checked as :func:`register` checks it)."""
+        out = dict(self._lines)
+        for impl in lines:
+            _check(impl, out)
+            out[impl.name] = impl
+        return Catalog(MappingProxyType(out))
+
+    def impls(self, kind: str | None = None) -> tuple[Impl, ...]:
+        """The implementations a study of ``kind`` offers (all of them without one), in declaration order."""
+        if kind is not None and kind not in KINDS:  # a study's name where its kind belongs would offer nothing, unseen
+            raise ValueError(f"unknown kind of study {kind!r}; known: {', '.join(KINDS)}")
+        return tuple(i for i in self._lines.values() if kind is None or kind in i.kinds)
+
+    def names(self, kind: str | None = None) -> tuple[str, ...]:
+        return tuple(i.name for i in self.impls(kind))
+
+    def lookup(self, name: str, kind: str | None = None) -> Impl:
+        """The implementation ``name`` (one a study of ``kind`` offers, if given); the error names the allowed ones."""
+        allowed = self.names(kind)
+        if name not in allowed:
+            raise ValueError(f"unknown {kind or 'attention'} implementation {name!r}; known: {', '.join(allowed)}")
+        return self._lines[name]
+
+
+def register(impl: Impl) -> Impl:
+    """Add ``impl`` to this process's lines (a measuring child's plug-ins: ``plugins.activate``); refuse a name
+    declared already or a line that names unknown things."""
+    _check(impl, _IMPLS)
     _IMPLS[impl.name] = impl
     return impl
 
 
 for _impl in _BUILT_IN:
     register(_impl)
+BUILT_IN = Catalog(MappingProxyType(dict(_IMPLS)))
+_PROCESS = Catalog(_IMPLS)  # this process's lines, as dispatch asks them: a live view (a child's registrations show)
+impls, names, lookup = _PROCESS.impls, _PROCESS.names, _PROCESS.lookup
 
 
 def unregister(name: str) -> None:
-    """Remove a user's line (``cs336sys.plugins`` replaces them when a config is activated again); built-ins stay."""
+    """Remove a user's line (``cs336sys.plugins`` replaces them when a cell's plug-ins are activated again); built-ins stay."""
     if name in _IMPLS and _IMPLS[name].family != "user":
         raise ValueError(f"attention implementation {name!r} is built in ({_IMPLS[name].family}); only user lines can be removed")
     _IMPLS.pop(name, None)
-
-
-def impls(kind: str | None = None) -> tuple[Impl, ...]:
-    """The implementations a study of ``kind`` offers (all of them without one), in declaration order."""
-    if kind is not None and kind not in KINDS:  # a study's name where its kind belongs would offer nothing, unseen
-        raise ValueError(f"unknown kind of study {kind!r}; known: {', '.join(KINDS)}")
-    return tuple(i for i in _IMPLS.values() if kind is None or kind in i.kinds)
-
-
-def names(kind: str | None = None) -> tuple[str, ...]:
-    return tuple(i.name for i in impls(kind))
-
-
-def lookup(name: str, kind: str | None = None) -> Impl:
-    """The implementation ``name`` (one a study of ``kind`` offers, if given); the error names the allowed ones."""
-    allowed = names(kind)
-    if name not in allowed:
-        raise ValueError(f"unknown {kind or 'attention'} implementation {name!r}; known: {', '.join(allowed)}")
-    return _IMPLS[name]

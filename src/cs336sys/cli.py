@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import os
 import re
 import sys
@@ -26,18 +27,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cs336sys import catalog
 from cs336sys import studies as S
+from cs336sys.cli_result import result_tables
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import ConfigError, load_schema, validate_config
 from cs336sys.pipeline.config_file import load_config_file
 
 # a size small enough for the CPU examples above (the built-in sizes take minutes on a CPU): the CPU
 # demo's `tiny` (config/cpu-demo.yaml's extra_sizes, a test keeps the two equal); a --config may redefine it
 CPU_SIZES = {"tiny": {"d_model": 64, "d_ff": 256, "num_layers": 2, "num_heads": 4}}
-SHOW_COLUMNS = [
-    "status", "mode", "phase", "median_ms", "95% interval", "flags", "GPU ms [95%]", "n", "trials", "stop_reason",
-    "tflops", "mfu_pct", "tokens_per_s", "peak_mem_bytes", "mem_before_bwd_bytes", "error",
-]  # fmt: skip
-PAIR_COLUMNS = ["mode", "phase", "comparison", "ratio [95% interval]", "pairs", "stop_reason"]
 RUN_FLAGS = ("device", "timeout", "memory_fraction", "config", "csv")
 # what `--config FILE` may hold: these top-level keys and the study's own section (a flag wins over the file);
 # every other key is refused by name, never ignored
@@ -71,6 +70,16 @@ def _show(value: Any) -> str:
     return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
+def _add_value(p: argparse.ArgumentParser, schema: Mapping, key: str, sub: Mapping, help_: str, many: bool = False) -> None:
+    """A flag for one schema value: a --flag/--no-flag pair for a boolean; ``many``: a list's values. Its default is None:
+    not given, so the --config file's value or the schema's default applies (:func:`_cli_config`)."""
+    typ, choices = _value_type(schema, sub)
+    if typ is None:
+        p.add_argument(_flag(key), action=argparse.BooleanOptionalAction, default=None, help=help_)
+    else:
+        p.add_argument(_flag(key), type=typ, choices=choices, default=None, help=help_, **({"nargs": "+"} if many else {}))
+
+
 def _add_study(sub, schema: Mapping, name: str) -> None:
     spec = S.study(name)
     section = schema["properties"][name]
@@ -78,46 +87,43 @@ def _add_study(sub, schema: Mapping, name: str) -> None:
     grid = section["properties"]["grid"]["properties"]
     for axis in spec.axes:
         item = _resolve(schema, grid[axis])
-        typ, choices = _value_type(schema, item.get("items", {}))
         default = item.get("default", [None])[0]
         help_ = f"grid axis: one value here, a list in a config (default: the --config file's one value, else {default})"
-        if typ is None:  # None: not given, so the --config file's grid or the schema's default applies (_cli_config)
-            p.add_argument(_flag(axis), action=argparse.BooleanOptionalAction, default=None, help=help_)
-        else:
-            p.add_argument(_flag(axis), type=typ, choices=choices, default=None, help=help_)
+        _add_value(p, schema, axis, item.get("items", {}), help_)
     for key, sub_schema in section["properties"].items():
-        if key in S.JOB_KEYS + spec.cell_keys:
-            continue
-        sub_schema = _resolve(schema, sub_schema)
-        if sub_schema.get("type") == "array":
-            typ, choices = _value_type(schema, sub_schema["items"])
-            p.add_argument(
-                _flag(key), nargs="+", type=typ, choices=choices, default=None, help=f"(default: {_show(sub_schema.get('default'))})"
-            )
-            continue
-        typ, choices = _value_type(schema, sub_schema)
-        if typ is None:
-            p.add_argument(
-                _flag(key), action=argparse.BooleanOptionalAction, default=None, help=f"(default: {_show(sub_schema.get('default'))})"
-            )
-        else:
-            p.add_argument(_flag(key), type=typ, choices=choices, default=None, help=f"(default: {_show(sub_schema.get('default'))})")
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default=None,
-                   help="where to run; auto: CUDA if present (default: the --config file's device, else auto)")  # fmt: skip
-    p.add_argument("--timeout", type=float, default=None,
-                   help=f"time limit of the cell in seconds (default: the --config file's {name}.timeout_s, else "
-                        f"{_show(_resolve(schema, section['properties']['timeout_s']).get('default'))})")  # fmt: skip
+        if key not in plan.JOB_KEYS + spec.cell_keys:
+            sub_schema = _resolve(schema, sub_schema)
+            many = sub_schema.get("type") == "array"
+            help_ = f"(default: {_show(sub_schema.get('default'))})"
+            _add_value(p, schema, key, sub_schema["items"] if many else sub_schema, help_, many)
+    p.add_argument(
+        "--device",
+        choices=("auto", "cuda", "cpu"),
+        default=None,
+        help="where to run; auto: CUDA if present (default: the --config file's device, else auto)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"time limit of the cell in seconds (default: the --config file's {name}.timeout_s, else "
+        f"{_show(_resolve(schema, section['properties']['timeout_s']).get('default'))})",
+    )
     p.add_argument("--memory-fraction", type=float, default=None, help="cap GPU memory to this fraction of the card, in (0, 1]")
-    p.add_argument("--config", default=None,
-                   help=f"a config file (YAML) whose {', '.join(CONFIG_APPLIES)} and {name} section (one value per grid axis, "
-                        f"timeout_s; not passes, resources) apply; any other key is an error")  # fmt: skip
+    p.add_argument(
+        "--config",
+        default=None,
+        help=f"a config file (YAML) whose {', '.join(CONFIG_APPLIES)} and {name} section (one value per grid axis, "
+        f"timeout_s; not passes, resources) apply; any other key is an error",
+    )
     p.add_argument("--csv", default=None, help="also write the rows to this CSV file (atomically)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(offered: catalog.Catalog = catalog.BUILT_IN) -> argparse.ArgumentParser:
+    """The parser, whose ``--impl`` choices are ``offered``'s (the ``--config`` file's plug-ins included: :func:`_offered`)."""
     parser = argparse.ArgumentParser(prog="cs336sys", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="study", required=True)
-    schema = load_schema()
+    schema = load_schema(offered=offered)
     for name in S.STUDIES:
         _add_study(sub, schema, name)
     return parser
@@ -162,8 +168,10 @@ def _axis_values(args: argparse.Namespace, grid: Mapping[str, Any], parser: argp
         elif axis in grid:
             listed = grid[axis]
             if isinstance(listed, list) and len(listed) > 1:
-                parser.error(f"--config {args.config}: config key '{args.study}.grid.{axis}' lists {len(listed)} values "
-                             f"{listed}; the CLI measures one cell: pick one with {_flag(axis)}")  # fmt: skip
+                parser.error(
+                    f"--config {args.config}: config key '{args.study}.grid.{axis}' lists {len(listed)} values "
+                    f"{listed}; the CLI measures one cell: pick one with {_flag(axis)}"
+                )
             values[axis] = listed[0] if isinstance(listed, list) and listed else listed
             from_file.add(axis)
         else:
@@ -171,8 +179,8 @@ def _axis_values(args: argparse.Namespace, grid: Mapping[str, Any], parser: argp
     return values, from_file
 
 
-def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """The workflow config that holds exactly this one cell, validated by the workflow's schema.
+def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], catalog.Catalog]:
+    """The workflow config that holds exactly this one cell, validated by the workflow's schema, and the implementations it offers.
 
     Resolves ``args.device`` and ``args.timeout`` too: a flag, else the ``--config`` file, else the default.
     """
@@ -187,20 +195,26 @@ def _cli_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> di
     if args.device is None:
         args.device = base.get("device", "auto")
     config = {key: copy.deepcopy(base[key]) for key in CONFIG_APPLIES if key in base}
-    config.update(run="cli", device="cuda" if args.device == "auto" else args.device, check_local_cuda=False, studies=[args.study],
-                  extra_sizes={**CPU_SIZES, **(base.get("extra_sizes") or {})}, peak_tflops=base.get("peak_tflops") or {},
-                  peak_gbps=base.get("peak_gbps") or {})  # fmt: skip
+    config.update(
+        run="cli",
+        device="cuda" if args.device == "auto" else args.device,
+        check_local_cuda=False,
+        studies=[args.study],
+        extra_sizes={**CPU_SIZES, **(base.get("extra_sizes") or {})},
+        peak_tflops=base.get("peak_tflops") or {},
+        peak_gbps=base.get("peak_gbps") or {},
+    )
     config[args.study] = section
     if args.memory_fraction is not None:
         config["memory_fraction"] = args.memory_fraction
     try:
         # in a child, as the workflow does: a plug-in's import that hangs, exits or changes directory cannot reach this process
-        validate_config(config, check_imports="subprocess")
+        config, offered = validate_config(config, check_imports="subprocess")
     except ConfigError as exc:
         parser.error(_name_flags(str(exc), args, values, from_file))
     if args.timeout is None:
         args.timeout = float(config[args.study]["timeout_s"])  # the file's, else the schema's default (validation wrote it)
-    return config
+    return config, offered
 
 
 def _name_flags(message: str, args: argparse.Namespace, values: Mapping[str, Any], from_file: set) -> str:
@@ -221,8 +235,11 @@ def _name_flags(message: str, args: argparse.Namespace, values: Mapping[str, Any
 
     message = re.sub(rf"config key '{args.study}\.(?:grid\.)?(\w+?)(?:\.\d+)?'", name, message)
     if args.config:  # top-level keys that no flag set (main checked the flags' values before)
-        message = re.sub(r"config key '((?:device|memory_fraction|cache_dir|extra_sizes|peak_tflops|peak_gbps|flags)(?:\.[^']*)?)'",
-                         rf"config key '\1' (in --config {args.config})", message)  # fmt: skip
+        message = re.sub(
+            r"config key '((?:device|memory_fraction|cache_dir|extra_sizes|peak_tflops|peak_gbps|flags)(?:\.[^']*)?)'",
+            rf"config key '\1' (in --config {args.config})",
+            message,
+        )
     axes = " ".join(_flag_text(axis, values[axis]) for axis in spec.axes)
     return re.sub(r"these flags: no valid cell: (.*?) \(this grid: [^\n]*\)", rf"these flags make no valid cell ({axes}): \1", message)
 
@@ -237,7 +254,7 @@ def command_line(study: str, axes: Mapping[str, Any], config: Mapping[str, Any],
     """Flags of ``cs336sys <target>`` that run the same cell as ``study``'s ``axes`` under ``config`` (the nsys rule)."""
     known = set(S.study(target).axes) | set(load_schema()["properties"][target]["properties"])
     settings = {
-        k: v for k, v in {**config[study], **axes}.items() if k in known and k not in S.JOB_KEYS and not isinstance(v, (list, dict))
+        k: v for k, v in {**config[study], **axes}.items() if k in known and k not in plan.JOB_KEYS and not isinstance(v, (list, dict))
     }
     flags = [
         f"{_flag(k)} {v}" if not isinstance(v, bool) else (_flag(k) if v else "--no-" + k.replace("_", "-")) for k, v in settings.items()
@@ -245,8 +262,8 @@ def command_line(study: str, axes: Mapping[str, Any], config: Mapping[str, Any],
     return " ".join(flags + ["--device cuda", "--modes inference train"])
 
 
-def _register_plugins(argv: Sequence[str] | None) -> None:
-    """The ``--config`` file's ``plugins`` names, registered before the parser lists the ``--impl`` choices."""
+def _offered(argv: Sequence[str] | None) -> catalog.Catalog:
+    """The implementations the ``--config`` file offers (its ``plugins`` names), for the parser's ``--impl`` choices."""
     argv = list(sys.argv[1:] if argv is None else argv)
     files = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"] + [
         a.partition("=")[2] for a in argv if a.startswith("--config=")
@@ -254,19 +271,17 @@ def _register_plugins(argv: Sequence[str] | None) -> None:
     try:
         section = load_config_file(files[-1]).get("plugins") if files else None
     except (ConfigError, OSError, AttributeError):
-        return  # the parser reports an unreadable file by its flag
-    if section:
-        from cs336sys import plugins
+        return catalog.BUILT_IN  # the parser reports an unreadable file by its flag
+    from cs336sys import plugins
 
-        try:
-            plugins.activate(section)
-        except ConfigError as exc:
-            sys.exit(f"cs336sys: --config {files[-1]}: {exc}")
+    try:
+        return plugins.offered(section)
+    except ConfigError as exc:
+        sys.exit(f"cs336sys: --config {files[-1]}: {exc}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _register_plugins(argv)
-    parser = build_parser()
+    parser = build_parser(_offered(argv))
     args = parser.parse_args(argv)
     if args.memory_fraction is not None and not 0 < args.memory_fraction <= 1:
         parser.error(f"--memory-fraction must be in (0, 1], got {args.memory_fraction}")
@@ -288,17 +303,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_fault_spec(os.environ.get(FAULT_ENV, ""))
     except ValueError as exc:
         parser.error(str(exc))
-    config = _cli_config(args, parser)
-    (axes,) = S.grid(args.study, config).values() or [None]
+    config, offered = _cli_config(args, parser)
+    (axes,) = plan.grid(args.study, config, offered).values() or [None]
     if axes is None:
         parser.error(f"{args.study}: these flags make no valid cell")
 
-    from cs336sys.pipeline.cells import Cell, run_cell
+    from cs336sys.pipeline.cells import run_cell
     from cs336sys.pipeline.merge import derive
     from cs336sys.rows import rows_to_frame, write_csv_atomic
 
-    settings = S.cell_settings(args.study, axes, config, artifact_dir="cs336sys-artifacts")
-    cell = Cell(**{**settings, "device": args.device}, timeout_s=args.timeout)
+    cell = plan.plan_cell(args.study, axes, config, offered, artifact_dir="cs336sys-artifacts")
+    cell = dataclasses.replace(cell, device=args.device, timeout_s=args.timeout)
     print(f"measuring {args.study} {cell.cell_id} on {args.device} (time limit {args.timeout:g} s) …", file=sys.stderr, flush=True)
 
     # The child resolves --device auto: asking torch.cuda here would poison a fork.
@@ -318,78 +333,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# {args.study} {cell.cell_id} on {first.get('device_name', '?')} (torch {first.get('torch_version', '?')})\n")
     print(result_tables(frame, args.study))
     return 0 if (frame["status"] == "ok").all() else 1
-
-
-def _interval(low: Any, high: Any) -> str:
-    """``[low, high]`` with 4 significant digits, "" where the row has no interval."""
-    try:
-        low, high = float(low), float(high)
-    except (TypeError, ValueError):
-        return ""
-    return f"[{low:.4g}, {high:.4g}]" if low == low and high == high else ""  # x == x: not NaN
-
-
-def result_tables(frame, study: str) -> str:
-    """The printed result: one row per timed phase with its interval, its trust flags and its GPU time,
-    then the paired ratios (``kind=pair`` rows), then what the flags mean where a row carries one.
-
-    Flags are printed where the eye falls: a CPU cell run three times can give three medians
-    whose intervals exclude each other (the host drifted); each run then says ``noisy``.
-    """
-    from cs336sys.analysis.findings import describe_ratio, stopped_on_budget
-    from cs336sys.analysis.metrics import FLAG_DEFAULTS
-    from cs336sys.columns import PAIR_KIND
-    from cs336sys.measure.stats import Interval
-
-    kind = frame["kind"].astype(str) if "kind" in frame else None
-    rows = frame[kind != PAIR_KIND] if kind is not None else frame
-    pairs = frame[kind == PAIR_KIND] if kind is not None else frame.iloc[0:0]
-    shown = rows.copy()
-    if {"ci_low_ms", "ci_high_ms"} <= set(shown.columns):
-        shown["95% interval"] = [_interval(lo, hi) for lo, hi in zip(shown["ci_low_ms"], shown["ci_high_ms"])]
-    flag_cols = [c for c in ("noisy", "host_bound") if c in shown]
-    trials = shown["trials"] if "trials" in shown else [None] * len(shown)
-    shown["flags"] = [", ".join([c.replace("_", "-") for c in flag_cols if r[c] is True or r[c] == 1.0]
-                                + (["one trial"] if t == 1 and r.get("median_ms") == r.get("median_ms") else []))
-                      for (_, r), t in zip(shown.iterrows(), trials)]  # fmt: skip
-    if "gpu_median_ms" in shown and shown["gpu_median_ms"].notna().any():
-        none = shown["gpu_median_ms"] * float("nan")
-        shown["GPU ms [95%]"] = [f"{m:.4g} {_interval(lo, hi)}" if m == m else "" for m, lo, hi in
-                                 zip(shown["gpu_median_ms"], shown.get("gpu_ci_low_ms", none), shown.get("gpu_ci_high_ms", none))]  # fmt: skip
-    out = [shown[[c for c in SHOW_COLUMNS if c in shown.columns]].to_markdown(index=False, floatfmt=".4g")]
-    if not pairs.empty:
-        labels = {p.partner: p.label for p in S.study(study).pairs}
-
-        def words(r) -> str:  # the ratio as the answers say it, or why the partner was not timed
-            ratio = Interval(*(float(r.get(c, "nan")) for c in ("ratio", "ratio_ci_low", "ratio_ci_high")), 0, 1)
-            if ratio.median != ratio.median:  # NaN: no ratio
-                return f"not paired: {r.get('pair_note')}"
-            return describe_ratio(ratio, budget=stopped_on_budget(r.get("stop_reason")))
-
-        table = pairs.assign(comparison=[labels.get(str(w), str(w)) for w in pairs["pair_with"]],
-                             **{"ratio [95% interval]": [words(r) for _, r in pairs.iterrows()]})  # fmt: skip
-        out += ["", "Paired ratios (this cell's time / the partner's, interleaved blocks in one process; above 1: the partner is faster):", "",
-                table[[c for c in PAIR_COLUMNS if c in table.columns]].to_markdown(index=False, floatfmt=".4g")]  # fmt: skip
-    flagged = {f.strip() for f in ", ".join(shown["flags"]).split(",") if f.strip()}
-    if flagged:
-        out += [""] + [f"{name}: {text}." for name, text in _flag_meanings(study, FLAG_DEFAULTS["noisy_rel"]).items() if name in flagged]
-    return "\n".join(out)
-
-
-def _flag_meanings(study: str, noisy_rel: float) -> dict[str, str]:
-    """What each flag of the printed table means, and the flags of ``cs336sys <study>`` that would tighten it."""
-    section = load_schema()["properties"][study]["properties"]
-    takes = [key for key in ("trials", "max_measure_s") if key in section and key not in S.JOB_KEYS + S.study(study).cell_keys]
-    more = " or a larger ".join(f"more {_flag(k)}" if k == "trials" else _flag(k) for k in takes)
-    rerun = f"rerun with {more}" if more else "rerun it"
-    trials = "use --trials 3 or more" if "trials" in takes else "read it as one sample, not as a bound"
-    host = "the GPU idled for part of the step: the time measures Python and the CPU as much as the GPU"
-    return {
-        "noisy": f"the 95% interval is wider than ±{noisy_rel:.0%} of the median: {rerun}, and compare runs by their intervals, not their medians",
-        "host-bound": f"{host} (the GPU ms column, where shown, is the same work replayed as CUDA graphs)",
-        "one trial": "the interval sees the steps of one timed block only, not the host's drift between blocks, so "
-        f"a rerun minutes later can land outside it: {trials}",
-    }
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 HEAD_COLUMNS = ["study", "cell_id", "status", "error"]
 # Where a cell job's wall time went (``time_job_s``), split into parts that add up to it: start-up
 # (the job's process, the warm worker's hand-off, the wait for a GPU, the measuring child's fork and
-# CUDA context), the parts the measurement marks (measure.budget) and ``other`` (models and inputs
+# CUDA context), the parts the measurement marks (measure.session) and ``other`` (models and inputs
 # built, rows assembled, the child's exit). Written by the cell runner on every row of the job.
 TIME_PARTS = ("startup", "check", "warmup", "timed", "pairs", "graph", "energy", "profile", "other")
 TIME_COLUMNS = ["time_job_s", *(f"time_{p}_s" for p in TIME_PARTS)]

@@ -9,16 +9,17 @@ plugins:
     my-plain: {function: my_kernels:attention, form: callable}
 ```
 
-Torch-free, so the workflow's parse can validate and register. :func:`activate` checks the section's
-shape and names, then registers each attention implementation as a catalog line of family ``user``
-whose entry is :func:`user_attention` with the user's import path bound as options: dispatch, the
-schema's ``impl`` enums and the cell ids see the names at once. Every process that meets the names
-activates the section: the workflow (``pipeline.config.validate_config``), the CLI and the measuring
-child (a cell's ``plugins`` setting: the part of the section that the cell runs, so it is also part of
-the job's params). :func:`check_imports_in_subprocess` (``plugin_imports``) imports the user's code in
+Torch-free, so the workflow's parse can validate. :func:`normalise` checks the section's shape and
+names; each attention implementation is a catalog line of family ``user`` (:func:`user_lines`) whose
+entry is :func:`user_attention` with the user's import path bound as options. Validation answers the
+config with :func:`offered`, the built-in lines plus these, and what plans cells, builds the schema's
+``impl`` enums or the CLI's choices asks that view: nothing is registered to let them see the names.
+Only the measuring child, a fresh process per cell, registers its cell's part of the section in its
+own process (:func:`activate`: a cell's ``plugins`` setting, so it is also part of the job's params),
+for dispatch and the model to find. :func:`check_imports_in_subprocess` (``plugin_imports``) imports the user's code in
 a child with a time limit and reports a bad path, module, attribute or constructor, an import that
 hangs or ends its process, by its key; the measuring child imports it again (:func:`preload`).
-A cell's code hash follows the user's files that it runs (``studies.cell_code_hash``):
+A cell's code hash follows the user's files that it runs (``pipeline.plan.cell_code_hash``):
 :func:`source_files` walks the user's imports under ``path``, and :func:`cell_files` adds every file
 the imports loaded where they were checked; :func:`unhashed_note` names the ones loaded later.
 """
@@ -49,7 +50,7 @@ MODEL_PARAMETERS = ("vocab_size", "context_length", "d_model", "num_layers", "nu
 ROPE_THETA = 10000.0  # the course's value, as our TransformerLM's default
 OURS = "cs336sys"  # the `model` column of rows measured on our TransformerLM
 
-_ACTIVE: dict[str, Any] = {}  # the section activated last in this process (normalised)
+_ACTIVE: dict[str, Any] = {}  # the section a measuring child activated (normalised)
 
 
 _problem = problem
@@ -98,8 +99,10 @@ def normalise(section: Any) -> dict[str, Any]:
                 _problem(key, f"{name!r} is not a valid name (allowed: lower-case letters, digits and '-', pattern {catalog.NAME.pattern})")
             )
             continue
-        if name in catalog.names() and catalog.lookup(name).family != "user":
-            problems.append(_problem(key, f"{name!r} is a built-in implementation ({catalog.lookup(name).about}); give yours another name"))
+        if name in catalog.BUILT_IN.names():
+            problems.append(
+                _problem(key, f"{name!r} is a built-in implementation ({catalog.BUILT_IN.lookup(name).about}); give yours another name")
+            )
             continue
         if not isinstance(spec, Mapping):
             problems.append(_problem(key, "must be a mapping {function: 'module:attribute', form: adapter|callable}"))
@@ -120,18 +123,38 @@ def normalise(section: Any) -> dict[str, Any]:
     return out
 
 
+def user_lines(section: Mapping[str, Any]) -> list[catalog.Impl]:
+    """The catalog lines of a normalised section's attention implementations (family ``user``)."""
+    return [
+        catalog.Impl(
+            name,
+            "user",
+            __name__,
+            {"softmax": "user_attention"},
+            ATTENTION_KINDS,
+            f"the user's {spec['function']}",
+            options={"function": spec["function"], "form": spec["form"], "path": section["path"]},
+        )
+        for name, spec in (section.get("attention") or {}).items()
+    ]
+
+
+def offered(section: Any) -> catalog.Catalog:
+    """The implementations a config with plug-in section ``section`` offers: the built-in lines and the user's
+    (the section is checked first: ConfigError names each bad key)."""
+    return catalog.BUILT_IN.plus(user_lines(normalise(section)))
+
+
 def activate(section: Any) -> dict[str, Any]:
-    """Check ``section`` and register its attention implementations in the catalog, replacing the ones
-    an earlier activation in this process registered; answers the normalised section."""
+    """In a measuring child (or a test standing for one): check ``section`` and register its attention
+    implementations and model in this process, replacing what an earlier activation registered; answers the
+    normalised section. Validation and planning never call it: they ask :func:`offered`."""
     found = normalise(section)
     for impl in catalog.impls():
         if impl.family == "user":
             catalog.unregister(impl.name)
-    for name, spec in (found.get("attention") or {}).items():
-        catalog.register(
-            catalog.Impl(name, "user", __name__, {"softmax": "user_attention"}, ATTENTION_KINDS, f"the user's {spec['function']}",
-                         options={"function": spec["function"], "form": spec["form"], "path": found["path"]})
-        )  # fmt: skip
+    for line in user_lines(found):
+        catalog.register(line)
     _ACTIVE.clear()
     _ACTIVE.update(found)
     dispatch = sys.modules.get("cs336sys.models.attention")
@@ -147,11 +170,14 @@ def check_lm_studies(config: Mapping[str, Any], kinds: Mapping[str, str]) -> Non
     if not (config.get("plugins") or {}).get("model"):
         return
     problems = [
-        _problem(f"{study}.grid.impl", f"{impls} with plugins.model: the user's model runs its own attention, which our "
-                                       "impl axis does not reach; set it to [eager] (rows record model: the import path)")
+        _problem(
+            f"{study}.grid.impl",
+            f"{impls} with plugins.model: the user's model runs its own attention, which our "
+            "impl axis does not reach; set it to [eager] (rows record model: the import path)",
+        )
         for study in config.get("studies") or []
         if kinds.get(study) == catalog.LM and (impls := ((config.get(study) or {}).get("grid") or {}).get("impl")) not in (None, ["eager"])
-    ]  # fmt: skip
+    ]
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
@@ -162,7 +188,7 @@ def active_model() -> tuple[str, str] | None:
 
 
 def model_name(section: Mapping[str, Any] | None) -> str:
-    """The ``model`` column of an LM cell's rows: ``cs336sys`` or the user's import path."""
+    """The ``model`` column of an LM cell's rows (``section``: its plug-ins): ``cs336sys`` or the user's import path."""
     return (section or {}).get("model") or OURS
 
 

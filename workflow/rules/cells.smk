@@ -26,7 +26,7 @@ for _study in STUDIES:
                 # a resource, not a param: asking to replace earlier rows reruns nothing (pipeline.keeprows)
                 overwrite=int(config["overwrite"]),
             params:
-                cell=cell_settings(_study, _k),
+                cell=cell_params(_study, _k),
                 code=cell_code(_study),
                 script=SCRIPT_HASH["run_cell.py"],
                 plan=sweep_plan(),

@@ -20,6 +20,7 @@ from cs336sys.pipeline.priorities import callable_priorities, expected_seconds, 
 from cs336sys.pipeline.config import ConfigError, check_run_snapshot, settings_snapshot, validate_config
 from cs336sys.pipeline.config import SCHEMA_PATH  # package data, with studies/*/schema.yaml
 from cs336sys.pipeline.config_file import check_layer, load_config_file
+from cs336sys.pipeline import plan
 from cs336sys.provenance import file_hash, modules_hash, module_closure
 from cs336sys.pipeline.code_record import (
     cell_file_hashes,
@@ -35,8 +36,9 @@ try:
     for _file in workflow.configfiles:
         load_config_file(_file)
     check_layer(dict(workflow.config_settings.config), "--config")  # `--config e2e=` is an empty block too
-    # the main invocation imports the user's plug-ins once (in a subprocess: no torch here); each job's parse trusts it
-    validate_config(
+    # the main invocation imports the user's plug-ins once (in a subprocess: no torch here); each job's parse trusts it.
+    # OFFERED: the implementations this config offers, its plug-ins included (what plans its cells asks it)
+    _, OFFERED = validate_config(
         config,
         SCHEMA_PATH,
         check_imports="" if workflow.remote_exec or workflow.subprocess_exec else "subprocess",
@@ -81,7 +83,7 @@ onstart:
 
 RUN = config["run"]
 STUDIES = list(config["studies"])
-GRIDS = {study: S.grid(study, config) for study in STUDIES}
+GRIDS = {study: plan.grid(study, config, OFFERED) for study in STUDIES}
 MAX_PASSES = max(config[s].get("passes", 1) for s in STUDIES)
 CELL_RULES = {  # rule name → study
     f"{study}_cell" if k == 0 else f"{study}_pass{k}": study for study in STUDIES for k in range(MAX_PASSES)
@@ -223,14 +225,14 @@ def _axes(study, cell):
         raise WorkflowError(f"{study} cell {cell!r} is not in this config's grid") from None
 
 
-def cell_settings(study, k=0):
-    def settings(wildcards):
-        return {
-            **S.cell_settings(study, _axes(study, wildcards.cell), config, artifact_dir(study)),
-            "pass_index": k,
-        }
+def cell_params(study, k=0):
+    """The cell as its job's params (pipeline.cell.Cell.params): what should rerun it, and nothing else."""
 
-    return settings
+    def params(wildcards):
+        axes = _axes(study, wildcards.cell)
+        return plan.plan_cell(study, axes, config, OFFERED, k, artifact_dir(study)).params()
+
+    return params
 
 
 # Job order (pipeline.priorities): pass k of every cell before pass k+1 of any and, inside a
@@ -257,7 +259,7 @@ _CODE_FILES = {}  # module set → hashes: one parse hashes each set once
 
 
 def _current_code(study, axes):
-    return cell_file_hashes(study, axes, config["plugins"], _CODE_FILES)
+    return cell_file_hashes(study, axes, config["plugins"], OFFERED, _CODE_FILES)
 
 
 if not (workflow.remote_exec or workflow.subprocess_exec):
@@ -287,7 +289,7 @@ def cell_priority(study, k=0):
 
 def cell_code(study):
     def code(wildcards):
-        return S.cell_code_hash(study, _axes(study, wildcards.cell), config["plugins"])
+        return plan.cell_code_hash(study, _axes(study, wildcards.cell), config["plugins"], OFFERED)
 
     return code
 

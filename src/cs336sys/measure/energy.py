@@ -262,17 +262,10 @@ class NvmlMeter(Meter):
         return watts, "" if watts is not None else TOO_SHORT.format(settle=SETTLE_S, seconds=end - self._begin)
 
 
-_meters: dict[tuple[int, str], Meter] = {}
-
-
-def meter_for(device_type: str) -> Meter:
-    """This process's meter for its GPU (opened once: NVML stays initialised), or one saying why there is none."""
-    if device_type != "cuda":
-        return Meter(NO_CUDA)
-    key = (os.getpid(), os.environ.get("CS336SYS_GPU_INDEX", ""))  # a forked child opens its own
-    if key not in _meters:
-        _meters[key] = NvmlMeter()
-    return _meters[key]
+def open_meter(device_type: str) -> Meter:
+    """A meter of this process's GPU (its NVML handle open while the meter lives: a session opens one,
+    ``measure.session``), or one saying why there is none."""
+    return NvmlMeter() if device_type == "cuda" else Meter(NO_CUDA)
 
 
 def empty(note: str, read_ms: float | None = None) -> dict[str, object]:

@@ -161,17 +161,20 @@ def smi_watts(smi: subprocess.Popen | None, start: float, end: float) -> float |
     return statistics.fmean(watts) if watts else None
 
 
-def check(name: str, size: str | None, precision: str, args: argparse.Namespace, nvml: Any, handle: Any, device: Any) -> dict[str, Any]:
-    """One workload's figures (module doc) on ``device``, NVML's ``handle`` the same GPU."""
+def check(
+    name: str, size: str | None, precision: str, args: argparse.Namespace, nvml: Any, handle: Any, device: Any, session: Any
+) -> dict[str, Any]:
+    """One workload's figures (module doc) on ``device``, NVML's ``handle`` the same GPU, ``session`` its meter's."""
     from cs336sys.measure import energy
+    from cs336sys.measure.session import Policy
     from cs336sys.measure.timing import time_steps
 
     timed, plain = _steps(size, precision, device)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < args.warm_s:  # clocks up, kernels chosen, the board warm
         plain()
-    settings = {"warmup": 5, "steps": 2, "device": device, "min_warmup_s": 0.0, "min_measure_s": energy.MIN_BLOCK_S, "target_rel": 0.0}
-    before = time_steps(timed, trials=args.blocks // 2, **settings)
+    settings = {"warmup": 5, "steps": 2, "device": device}
+    before = time_steps(timed, session, policy=Policy(args.blocks // 2, min_measure_s=energy.MIN_BLOCK_S), **settings)
     smi = None
     if size is None and shutil.which("nvidia-smi"):
         query = ["--query-gpu=timestamp,power.draw", "--format=csv,noheader,nounits", "-lms", "100"]
@@ -180,10 +183,10 @@ def check(name: str, size: str | None, precision: str, args: argparse.Namespace,
     start = time.time()
     joules, seconds, steps = window(plain, lambda: float(nvml.nvmlDeviceGetTotalEnergyConsumption(handle)), args.window_s)
     end = time.time()
-    after = time_steps(timed, trials=args.blocks - args.blocks // 2, **settings)
+    after = time_steps(timed, session, policy=Policy(args.blocks - args.blocks // 2, min_measure_s=energy.MIN_BLOCK_S), **settings)
     smi_w = smi_watts(smi, start, end)
     pipeline = energy.energy_stats([b.energy for b in before.blocks + after.blocks])
-    unmetered, cost = metering_cost(timed, energy.meter_for("cuda"), device, args.pairs)
+    unmetered, cost = metering_cost(timed, session.meter("cuda"), device, args.pairs)
     reads = []
     for _ in range(args.reads):
         r0 = time.perf_counter()
@@ -230,17 +233,19 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     import torch
 
     from cs336sys.measure import energy
+    from cs336sys.measure.session import Session
 
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
-    meter = energy.meter_for("cuda")
+    session = Session()
+    meter = session.meter("cuda")
     if meter.source != energy.COUNTER:
         raise SystemExit(f"NVML's energy counter is not available here: {meter.note}")
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("CS336SYS_GPU_INDEX") or 0))
     rows = []
     for name, size, precision in WORKLOADS:
-        rows.append(check(name, size, precision, args, pynvml, handle, torch.device("cuda", 0)))
+        rows.append(check(name, size, precision, args, pynvml, handle, torch.device("cuda", 0), session))
         print(json.dumps(rows[-1]), flush=True)
         torch.cuda.empty_cache()
     result = {

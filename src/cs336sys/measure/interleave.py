@@ -18,23 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from cs336sys.measure.budget import counted
+from cs336sys.measure.session import Policy, Session
 from cs336sys.measure.stats import Interval, paired_ratio, rel_half_width
-from cs336sys.measure.timing import (
-    MAX_TRIALS,
-    POLICY,
-    STEP,
-    StepClock,
-    Timing,
-    check_not_profiled,
-    gpu_recently_busy,
-    mark_gpu_busy,
-    state_sampler,
-    summarize,
-    synchronize,
-    timed_block,
-    warm_up,
-)
+from cs336sys.measure.timing import MAX_TRIALS, STEP, StepClock, Timing, summarize, synchronize, timed_block, warm_up
 
 MIN_PAIRS = 8  # interleaved pairs before a paired ratio may stop: t(7) = 2.36, not t(1) = 12.7
 
@@ -53,44 +39,43 @@ class ArmsTiming:
         return paired_ratio(self.blocks[a].get(phase, []), self.blocks[b].get(phase, []))
 
 
-@counted("pairs")
 def time_arms(
     arms: Mapping[str, Callable[[StepClock], None]],
+    session: Session,
     *,
     warmup: int,
     block_steps: int,
     device: torch.device,
     min_pairs: int = MIN_PAIRS,
-    target_rel: float | None = None,
-    max_measure_s: float | None = None,
-    min_warmup_s: float | None = None,
+    policy: Policy | None = None,
     warm: tuple[str, ...] = (),
-    state: Callable[[], Mapping[str, object]] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     sync: Callable[[torch.device], None] = synchronize,
 ) -> ArmsTiming:
     """Time several configurations of one computation as interleaved blocks: A B C, C B A, A B C, …
 
-    Each arm is warmed up (``warmup`` steps; the first arm also until ``min_warmup_s``),
+    Each arm is warmed up (``warmup`` steps; the first arm also until the policy's ``min_warmup_s``),
     then every round runs one block of ``block_steps`` steps of each arm, the order
     reversed every other round, so each arm runs first as often as last. Host drift
     slower than a round slows every arm of it alike and cancels in the per-round
     ratios (:meth:`ArmsTiming.ratio`): on a cloud VM whose launch-bound steps drift
     ±20-40% over seconds to minutes, this is what makes "bf16 vs fp32" answerable.
     Rounds continue past ``min_pairs`` while any arm's step ratio to the first arm
-    is wider than ±``target_rel``, until ``max_measure_s`` of timed blocks are spent.
-    The first arm is the cell's own configuration. Arms named in ``warm`` ran just before
-    (e.g. the cell's own block) and skip their warm-up.
+    is wider than ±``target_rel``, until ``max_measure_s`` of timed blocks are spent (``policy``:
+    the session's unless given). The first arm is the cell's own configuration. Arms named in
+    ``warm`` ran just before (e.g. the cell's own block) and skip their warm-up.
     """
-    check_not_profiled()
+    session.check_not_profiled()
     names = list(arms)
     if not names or block_steps < 1 or min_pairs < 2:
         raise ValueError("time_arms needs at least one arm, block_steps >= 1 and min_pairs >= 2")
-    target_rel = POLICY["target_rel"] if target_rel is None else target_rel
-    max_measure_s = POLICY["max_measure_s"] if max_measure_s is None else max_measure_s
-    min_warmup_s = POLICY["min_warmup_s"] if min_warmup_s is None else min_warmup_s
-    min_warmup_s = 0.0 if gpu_recently_busy() else min_warmup_s
-    state = state or state_sampler()
+    with session.part("pairs"):
+        return _interleave(arms, session, policy or session.policy, warmup, block_steps, device, min_pairs, warm, clock, sync)
+
+
+def _interleave(arms, session: Session, policy: Policy, warmup, block_steps, device, min_pairs, warm, clock, sync) -> ArmsTiming:
+    names, state = list(arms), session.state
+    min_warmup_s = session.min_warmup_s(policy)
     warmed: dict[str, tuple[int, float | None, float]] = {}
     for i, name in enumerate(names):
         t0 = clock()
@@ -109,17 +94,17 @@ def time_arms(
         rounds += 1
         if rounds < min_pairs:
             continue
-        if target_rel <= 0 or len(names) == 1:
+        if policy.target_rel <= 0 or len(names) == 1:
             break
         own = [statistics.median(b[STEP]) for b in samples[names[0]]]
         widths = [paired_ratio(own, [statistics.median(b[STEP]) for b in samples[n]]) for n in names[1:]]
-        if all(rel_half_width(w.low, w.high, w.median) <= target_rel for w in widths):
+        if all(rel_half_width(w.low, w.high, w.median) <= policy.target_rel for w in widths):
             stop = "target"
             break
-        if sum(timed.values()) >= max_measure_s or rounds >= MAX_TRIALS:
+        if sum(timed.values()) >= policy.max_measure_s or rounds >= MAX_TRIALS:
             stop = "budget"
             break
-    mark_gpu_busy()
+    session.mark_gpu_busy()
     if state is not None:
         recorded.update({f"end_{k}": v for k, v in state().items()})
     out, blocks = {}, {}
@@ -127,7 +112,15 @@ def time_arms(
         trials = samples[name]
         phases = {p: summarize([t[p] for t in trials]) for p in trials[0]}
         run, first, wall = warmed[name]
-        out[name] = Timing(phases=phases, warmup_s=wall, timed_s=timed[name], warmup_steps_run=run, first_step_s=first,
-                           state=recorded, stop_reason=stop, blocks=trials)  # fmt: skip
+        out[name] = Timing(
+            phases=phases,
+            warmup_s=wall,
+            timed_s=timed[name],
+            warmup_steps_run=run,
+            first_step_s=first,
+            state=recorded,
+            stop_reason=stop,
+            blocks=trials,
+        )
         blocks[name] = {p: [statistics.median(t[p]) for t in trials] for p in trials[0]}
     return ArmsTiming(arms=out, blocks=blocks, pairs=rounds, stop_reason=stop)

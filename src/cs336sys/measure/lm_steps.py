@@ -18,7 +18,6 @@ import torch.nn.functional as F
 
 from cs336sys import plugins
 from cs336sys.measure import SEED, memory
-from cs336sys.measure.budget import counted
 from cs336sys.measure.timing import StepClock
 from cs336sys.models.dtypes import autocast, set_matmul_precision
 from cs336sys.models.model import TransformerLM
@@ -116,8 +115,17 @@ def inference_step_fn(run_model, inputs, precision: str, device: torch.device):
     return step
 
 
-def lm_steps(model, run_model, inputs, targets, precision: str, device: torch.device, optimizer: str, memory_log: dict,
-             opt: torch.optim.Optimizer | None = None) -> dict:  # fmt: skip
+def lm_steps(
+    model,
+    run_model,
+    inputs,
+    targets,
+    precision: str,
+    device: torch.device,
+    optimizer: str,
+    memory_log: dict,
+    opt: torch.optim.Optimizer | None = None,
+) -> dict:
     """Mode → step function: the inference forward and the training step of one LM cell (``opt``: reuse that optimizer)."""
     opt = opt if opt is not None else make_optimizer(optimizer, model.parameters())
     return {
@@ -139,9 +147,9 @@ def graph_optimizer(name: str, model, eager: torch.optim.Optimizer | None = None
     return make_optimizer(name, model.parameters(), **({"capturable": True} if name == "fused" else {}))
 
 
-@counted("graph")
-def graphed_lm_steps(model, run_model, inputs, targets, precision: str, device: torch.device,
-                     opt: torch.optim.Optimizer | None = None) -> dict:  # fmt: skip
+def graphed_lm_steps(
+    model, run_model, inputs, targets, precision: str, device: torch.device, opt: torch.optim.Optimizer | None = None
+) -> dict:
     """Mode → step that replays one CUDA graph per phase: the GPU-bound time of each phase.
 
     Inference is one graph (the forward). The training step is three graphs captured in
@@ -150,7 +158,8 @@ def graphed_lm_steps(model, run_model, inputs, targets, precision: str, device: 
     The phases sum to the step: the kernels are the eager step's, launched without Python
     or launch gaps between them. ``opt`` is the optimizer to capture (default: fused AdamW,
     capturable). Each mode is warmed up on a side stream before capture, as CUDA graphs
-    require. Raises RuntimeError when a mode cannot be captured (the caller records why).
+    require. Raises RuntimeError when a mode cannot be captured (the caller records why, and
+    counts the capture as the session's ``graph`` part).
     """
     opt = opt if opt is not None else make_optimizer("fused", model.parameters(), capturable=True)
     out: dict[str, torch.Tensor] = {}

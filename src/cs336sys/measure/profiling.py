@@ -4,7 +4,7 @@ nsys is not needed: `torch.profiler` (kineto + CUPTI) records the same device
 kernels with start times, and every kernel carries the correlation id of the
 CPU op that launched it. The flow is
 
-    prof = profile_steps(step, steps=5, device="cuda", trace_path="t.json.gz")
+    prof = profile_steps(step, session, steps=5, device="cuda", trace_path="t.json.gz")
     ranges, kernels = events_from_profiler(prof)
     table = attribute_kernels(ranges, kernels)       # pure, no torch
 
@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from cs336sys.fileio import atomic_path
-from cs336sys.measure.budget import counted
+from cs336sys.measure.session import Session
 
 if TYPE_CHECKING:  # torch is only needed to record, not to attribute
     import torch.profiler
@@ -76,9 +76,15 @@ class Kernel:
     device_kind: str = "cuda"
 
 
-@counted("profile")
-def profile_steps(step_fn: Callable[[], None], *, steps: int, device: str, trace_path: str | None) -> torch.profiler.profile:
+def profile_steps(
+    step_fn: Callable[[], None], session: Session, *, steps: int, device: str, trace_path: str | None
+) -> torch.profiler.profile:
     """Run `step_fn` `steps` times under torch.profiler; export a chrome trace if asked."""
+    with session.part("profile"):
+        return _profile(step_fn, session, steps, device, trace_path)
+
+
+def _profile(step_fn: Callable[[], None], session: Session, steps: int, device: str, trace_path: str | None) -> torch.profiler.profile:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -92,9 +98,7 @@ def profile_steps(step_fn: Callable[[], None], *, steps: int, device: str, trace
             # inside the profiler: kernels still queued at exit would be cut off
             torch.cuda.synchronize()
     if device == "cuda":
-        from cs336sys.measure.timing import mark_profiled
-
-        mark_profiled("the profile study (torch.profiler)")
+        session.mark_profiled("the profile study (torch.profiler)")
     if trace_path is not None:
         # torch gzips by itself when the name ends in .gz (profile.export_chrome_trace);
         # the temp name keeps that suffix, the rename makes the write atomic.

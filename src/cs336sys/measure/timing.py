@@ -22,92 +22,13 @@ from typing import Any
 import torch
 
 from cs336sys.columns import sample_stats
-from cs336sys.measure import budget, energy
+from cs336sys.measure import energy
+from cs336sys.measure.session import Policy, Session
 from cs336sys.measure.stats import rel_half_width, summarize_trials
 from cs336sys.models.annotate import annotate
 
 STEP = "step"  # the name under which the whole step's wall time is reported
-
-# How every study times, set once per measuring process by the cell runner from the study's config
-# section, so no study forwards them. target_rel and max_measure_s: keep adding trials (or pairs of blocks)
-# while the interval's half-width exceeds target_rel of the centre, until max_measure_s of blocks are spent.
-POLICY: dict[str, float] = {"trials": 1, "min_warmup_s": 0.0, "min_measure_s": 0.0, "target_rel": 0.0, "max_measure_s": 0.0}
 MAX_STORED_SAMPLES, MAX_TRIALS = 500, 200
-_state_sampler: Callable[[], Mapping[str, object]] | None = None
-# The time-based warm-up (min_warmup_s) is for a GPU that was idle. A timed block that starts within
-# WARM_GAP_S of this process last keeping the GPU busy (the previous mode of the same cell, its profiled
-# steps) finds the clocks up and runs its warm-up steps only. A GPU that did slow down still shows: every
-# row carries its SM clock at the start of the timed block.
-WARM_GAP_S = 2.0
-_gpu_busy_at: float | None = None  # time.monotonic() when this process's GPU work last ended
-
-
-# torch.profiler with CUDA activities leaves CUPTI attached to the process (kineto finalises it only
-# with TEARDOWN_CUPTI=1, which crashed beside CUDA graphs before CUDA 12.6): every later launch pays
-# for it. On the H100 an eager step (small model, launch-bound) ran 9.9 -> 14.4 ms after the busy
-# profiler, 9.7 ms with TEARDOWN_CUPTI=1. So a process that profiled times nothing more.
-_profiled_by: str | None = None
-
-
-def mark_profiled(by: str) -> None:
-    """Note that ``by`` ran torch.profiler with CUDA in this process: :func:`check_not_profiled` refuses later timing."""
-    global _profiled_by
-    _profiled_by = by
-
-
-def reset_profiled() -> None:
-    """Forget that this process profiled: for a test process that runs many cells' code in turn."""
-    global _profiled_by
-    _profiled_by = None
-
-
-def check_not_profiled() -> None:
-    """Raise where this process already profiled CUDA: what it timed now would carry the profiler's cost."""
-    if _profiled_by is not None:
-        raise RuntimeError(
-            f"timing after {_profiled_by} profiled this process: CUPTI stays attached and slows every later launch; "
-            "time everything first and profile last"
-        )
-
-
-def state_sampler() -> Callable[[], Mapping[str, object]] | None:
-    """The GPU/host state sampler that :func:`configure` set for this process (None: none)."""
-    return _state_sampler
-
-
-def mark_gpu_busy() -> None:
-    """Note that the GPU was working until now (see :data:`WARM_GAP_S`)."""
-    global _gpu_busy_at
-    _gpu_busy_at = time.monotonic()
-
-
-def gpu_recently_busy() -> bool:
-    return _gpu_busy_at is not None and time.monotonic() - _gpu_busy_at < WARM_GAP_S
-
-
-def configure(
-    *,
-    trials: int | None = None,
-    min_warmup_s: float | None = None,
-    min_measure_s: float | None = None,
-    target_rel: float | None = None,
-    max_measure_s: float | None = None,
-    state: Callable[[], Mapping[str, object]] | None = None,
-) -> None:
-    """Set this process's timing policy and the GPU/host state sampler (see :func:`time_steps`)."""
-    global _state_sampler
-    policy = {
-        "trials": trials,
-        "min_warmup_s": min_warmup_s,
-        "min_measure_s": min_measure_s,
-        "target_rel": target_rel,
-        "max_measure_s": max_measure_s,
-    }
-    for key, value in policy.items():
-        if value is not None:
-            POLICY[key] = value
-    if state is not None:
-        _state_sampler = state
 
 
 @dataclass
@@ -226,10 +147,16 @@ def merge_timings(first: Timing, later: Timing) -> Timing:
     """One Timing from two runs of timed blocks of the same step in one process (e.g. alone, then interleaved)."""
     blocks = first.blocks + later.blocks
     phases = {p: summarize([b[p] for b in blocks if p in b]) for p in first.phases if all(p in b for b in blocks)}
-    return Timing(phases=phases, warmup_s=first.warmup_s + later.warmup_s, timed_s=first.timed_s + later.timed_s,
-                  warmup_steps_run=first.warmup_steps_run + later.warmup_steps_run, first_step_s=first.first_step_s,
-                  state={**first.state, **{k: v for k, v in later.state.items() if k.startswith("end_")}},
-                  stop_reason=later.stop_reason, blocks=blocks)  # fmt: skip
+    return Timing(
+        phases=phases,
+        warmup_s=first.warmup_s + later.warmup_s,
+        timed_s=first.timed_s + later.timed_s,
+        warmup_steps_run=first.warmup_steps_run + later.warmup_steps_run,
+        first_step_s=first.first_step_s,
+        state={**first.state, **{k: v for k, v in later.state.items() if k.startswith("end_")}},
+        stop_reason=later.stop_reason,
+        blocks=blocks,
+    )
 
 
 class Block(defaultdict):
@@ -238,8 +165,15 @@ class Block(defaultdict):
     energy: energy.Reading | None = None
 
 
-def timed_block(step: Callable[[StepClock], None], steps: int, min_measure_s: float, device: torch.device,
-           clock: Callable[[], float], sync: Callable[[torch.device], None], meter: energy.Meter | None = None) -> Block:  # fmt: skip
+def timed_block(
+    step: Callable[[StepClock], None],
+    steps: int,
+    min_measure_s: float,
+    device: torch.device,
+    clock: Callable[[], float],
+    sync: Callable[[torch.device], None],
+    meter: energy.Meter | None = None,
+) -> Block:
     """One timed block: ``steps`` steps (and more until ``min_measure_s``), each between two synchronisations;
     ``meter`` samples its energy from a thread of its own, never from this loop (none: interleaved blocks)."""
     block, meter = Block(list), meter or energy.Meter(energy.NOT_METERED)
@@ -269,50 +203,41 @@ def warm_up(step, warmup: int, min_warmup_s: float, device, clock, sync) -> tupl
     return run, first
 
 
-@budget.timed_steps
 def time_steps(
     step: Callable[[StepClock], None],
+    session: Session,
     *,
     warmup: int,
     steps: int,
     device: torch.device,
-    trials: int | None = None,
-    min_warmup_s: float | None = None,
-    min_measure_s: float | None = None,
-    target_rel: float | None = None,
-    max_measure_s: float | None = None,
-    state: Callable[[], Mapping[str, object]] | None = None,
+    policy: Policy | None = None,
     clock: Callable[[], float] = time.perf_counter,
     sync: Callable[[torch.device], None] = synchronize,
 ) -> Timing:
-    """Time ``step`` in ``trials`` independent trials: each a warm-up, then a timed block.
+    """Time ``step`` in ``policy.trials`` independent trials (``policy``: the session's unless given), each a
+    warm-up, then a timed block.
 
     A warm-up runs ``warmup`` steps, and the first one more until ``min_warmup_s``
     has passed (an idle GPU needs time, not steps, to reach its clocks; not after
-    GPU work of this process less than :data:`WARM_GAP_S` ago); a timed
+    GPU work of the session less than ``session.WARM_GAP_S`` ago); a timed
     block runs ``steps`` steps and then more until ``min_measure_s`` has passed.
     Each step is timed by the wall clock between two synchronisations, each
-    phase inside it by CUDA events. ``state()`` is sampled before the first and
+    phase inside it by CUDA events. ``session.state()`` is sampled before the first and
     after the last timed block (``start_``/``end_`` columns): clocks, temperature.
     With ``target_rel`` > 0, trials continue past ``trials`` (at least two in all)
     while the whole step's interval is wider than ±target_rel of its median, until
     ``max_measure_s`` of timed blocks are spent (``Timing.stop_reason`` says which):
     a drifting host gets the samples its interval needs, a steady one stops early.
-    Arguments left None come from :data:`POLICY` and the sampler of :func:`configure`.
     """
-    check_not_profiled()
-    trials = int(POLICY["trials"] if trials is None else trials)
-    min_warmup_s = POLICY["min_warmup_s"] if min_warmup_s is None else min_warmup_s
-    min_warmup_s = 0.0 if gpu_recently_busy() else min_warmup_s
-    min_measure_s = POLICY["min_measure_s"] if min_measure_s is None else min_measure_s
-    target_rel = POLICY["target_rel"] if target_rel is None else target_rel
-    max_measure_s = POLICY["max_measure_s"] if max_measure_s is None else max_measure_s
-    state = state or _state_sampler
-    if steps < 1 or trials < 1:
+    session.check_not_profiled()
+    policy = policy or session.policy
+    if steps < 1 or policy.trials < 1:
         raise ValueError("steps and trials must be at least 1")
+    called = time.perf_counter()
+    min_warmup_s, state = session.min_warmup_s(policy), session.state
     samples: list[dict[str, list[float]]] = []
     warmup_s, timed_s, warmup_run, recorded, first_step_s = 0.0, 0.0, 0, {}, None
-    meter = energy.meter_for(device.type)  # its sampler thread runs during each timed block (measure.energy)
+    meter = session.meter(device.type)  # its sampler thread runs during each timed block (measure.energy)
     stop = "fixed"
     while True:
         t0 = clock()
@@ -323,66 +248,77 @@ def time_steps(
         if not samples and state is not None:
             recorded.update({f"start_{k}": v for k, v in state().items()})
         started = clock()
-        samples.append(timed_block(step, steps, min_measure_s, device, clock, sync, meter))
+        samples.append(timed_block(step, steps, policy.min_measure_s, device, clock, sync, meter))
         timed_s += clock() - started
-        if len(samples) < trials:
+        if len(samples) < policy.trials:
             continue
-        if target_rel <= 0:
+        if policy.target_rel <= 0:
             break
         if len(samples) >= 2:
             iv = summarize_trials([t[STEP] for t in samples])
-            if rel_half_width(iv.low, iv.high, iv.median) <= target_rel:
+            if rel_half_width(iv.low, iv.high, iv.median) <= policy.target_rel:
                 stop = "target"
                 break
-        if timed_s >= max_measure_s or len(samples) >= MAX_TRIALS:
+        if timed_s >= policy.max_measure_s or len(samples) >= MAX_TRIALS:
             stop = "budget"
             break
-    mark_gpu_busy()
+    session.mark_gpu_busy()
     if state is not None:
         recorded.update({f"end_{k}": v for k, v in state().items()})
     phases = {name: summarize([trial[name] for trial in samples]) for name in samples[0]}
-    return Timing(phases=phases, warmup_s=warmup_s, timed_s=timed_s, warmup_steps_run=warmup_run, first_step_s=first_step_s,
-                  state=recorded, stop_reason=stop, blocks=samples)  # fmt: skip
+    timing = Timing(
+        phases=phases,
+        warmup_s=warmup_s,
+        timed_s=timed_s,
+        warmup_steps_run=warmup_run,
+        first_step_s=first_step_s,
+        state=recorded,
+        stop_reason=stop,
+        blocks=samples,
+    )
+    session.add_steps(timing.warmup_s, time.perf_counter() - called)
+    return timing
 
 
-@budget.counted("timed")
 def bench_stats(
     fn: Callable[[], object],
     device: torch.device,
+    session: Session,
     *,
     warmup_ms: float = 25,
     rep_ms: float = 100,
     grad_to_none: Sequence[torch.Tensor] | None = None,
-    trials: int | None = None,
 ) -> Stats:
-    """Times of ``fn`` over ``trials`` runs of ``triton.testing.do_bench`` (L2 flushed between calls).
+    """Times of ``fn`` over the session's ``trials`` runs of ``triton.testing.do_bench`` (L2 flushed between calls).
 
     Every call's time is kept (``return_mode="all"``), so n, the spread and the
     interval are real; ``grad_to_none`` clears gradients between calls so a
     backward does not time their accumulation. On CPU (tests, demo) a plain
     loop of the same duration stands in.
     """
-    trials = int(POLICY["trials"] if trials is None else trials)
-    per_trial = []
-    for _ in range(trials):
-        if device.type == "cuda":
-            from triton.testing import do_bench
-
-            per_trial.append([float(t) for t in do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, return_mode="all")])
-            continue
-        fn()  # warm-up
-        times: list[float] = []
-        deadline = time.perf_counter() + rep_ms / 1e3
-        while not times or (time.perf_counter() < deadline and len(times) < 100):
-            for t in grad_to_none or ():
-                t.grad = None
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        per_trial.append(times)
+    with session.part("timed"):
+        per_trial = [_bench(fn, device, warmup_ms, rep_ms, grad_to_none) for _ in range(session.policy.trials)]
     stats = summarize(per_trial)
     stats.energy = energy.empty(energy.DO_BENCH)
     return stats
+
+
+def _bench(fn: Callable[[], object], device: torch.device, warmup_ms: float, rep_ms: float, grad_to_none) -> list[float]:
+    """One trial of :func:`bench_stats`: every call's milliseconds."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return [float(t) for t in do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, return_mode="all")]
+    fn()  # warm-up
+    times: list[float] = []
+    deadline = time.perf_counter() + rep_ms / 1e3
+    while not times or (time.perf_counter() < deadline and len(times) < 100):
+        for t in grad_to_none or ():
+            t.grad = None
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
 
 
 def timing_rows(timing: Timing, flops: Mapping[str, float | None], extra: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
@@ -390,6 +326,16 @@ def timing_rows(timing: Timing, flops: Mapping[str, float | None], extra: Mappin
     step_energy = energy.energy_stats([getattr(b, "energy", None) for b in timing.blocks])
     for phase, stats in timing.phases.items():
         joules = step_energy if phase == STEP else energy.empty(energy.STEP_ONLY)
-        yield {"phase": phase, **stats.as_row(), **joules, "flops": flops.get(phase), "warmup_s": timing.warmup_s,
-               "timed_s": timing.timed_s, "warmup_steps_run": timing.warmup_steps_run, "first_step_s": timing.first_step_s,
-               "stop_reason": timing.stop_reason, **timing.state, **extra}  # fmt: skip
+        yield {
+            "phase": phase,
+            **stats.as_row(),
+            **joules,
+            "flops": flops.get(phase),
+            "warmup_s": timing.warmup_s,
+            "timed_s": timing.timed_s,
+            "warmup_steps_run": timing.warmup_steps_run,
+            "first_step_s": timing.first_step_s,
+            "stop_reason": timing.stop_reason,
+            **timing.state,
+            **extra,
+        }

@@ -87,14 +87,6 @@ def _read(path: Path, study: str, expected_id: str) -> tuple[pd.DataFrame | None
     return (None, "; ".join(found)) if found else (frame, None)
 
 
-def read_cell(path: str | Path, study: str, expected_id: str | None = None) -> pd.DataFrame:
-    """One cell CSV as a frame (text columns as text), or :class:`BadCellError` naming the file.
-
-    ``expected_id`` defaults to the file's stem, as the workflow names cell files.
-    """
-    return read_cells([path], study, [expected_id])[0]
-
-
 def read_cells(paths: Iterable[str | Path], study: str, expected_ids: Iterable[str | None] | None = None) -> list[pd.DataFrame]:
     """Every cell CSV of ``paths`` read and checked; one :class:`BadCellError` naming every bad file, if any."""
     paths = [Path(p) for p in paths]

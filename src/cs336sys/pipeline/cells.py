@@ -22,7 +22,7 @@ paths are exercised without a real GPU (``pipeline.faults``).
 Every row also says where its job's wall time went (``time_*_s``, ``cs336sys.columns``):
 start-up until the measurement began (the job's process, the warm worker's hand-off, the
 wait for a GPU, the child's fork, imports and CUDA context), the parts the measurement
-marked (``measure.budget``: check, warm-up, timed blocks, pairs, graph capture, energy
+marked (``measure.session``: check, warm-up, timed blocks, pairs, graph capture, energy
 blocks, profiling) and the rest. A child that died mid-measurement leaves its parts empty.
 """
 
@@ -37,39 +37,23 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from cs336sys import plugins
 from cs336sys import studies as S
 from cs336sys.catalog import LM
 from cs336sys.columns import TIME_PARTS
+from cs336sys.pipeline.cell import Cell
 from cs336sys.pipeline.faults import FAULT_ENV, inject_fault
 from cs336sys.rows import Skip, Wrong
 
+__all__ = ["FAULT_ENV", "Cell", "run_cell"]
+
 PROGRESS_EVERY_S = 10.0
 OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
-
-
-@dataclass
-class Cell:
-    study: str
-    cell_id: str
-    axes: dict[str, Any]  # the grid coordinates, copied into every row
-    target: str  # "module:function" of the measurement generator
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    device: str = "cuda"  # cuda | cpu | auto
-    timeout_s: float = 600.0
-    memory_fraction: float | None = None
-    timing: dict[str, Any] = field(default_factory=dict)  # trials, min_warmup_s, min_measure_s (measure.timing)
-    cache_dir: str | None = None  # Triton's and torch.compile's on-disk caches: a rerun compiles and autotunes nothing
-    pass_index: int = 0  # which pass over the grid (analysis.passes); copied into every row
-    plugins: dict[str, Any] = field(default_factory=dict)  # the user's code this cell runs (cs336sys.plugins.cell_plugins)
-    # torch's intra-op threads in a CPU cell (None: one). Its shapes are tiny, and two threads on a loaded
-    # two-core machine made a tiny model's step 20-80x slower (OpenMP's barriers wait for a descheduled thread).
-    threads: int | None = None
 
 
 class _Context(dict):
@@ -105,9 +89,10 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
         os.environ[CACHE_DIR_ENV] = str(cache)  # the correctness check's verdicts (measure.checkcache)
 
-    from cs336sys.measure import budget, busy, gpu_state, host_probe, timing
+    from cs336sys.measure import gpu_state, host_probe
     from cs336sys.measure.env import environment, pick_device
     from cs336sys.measure.memory import cap_memory, release
+    from cs336sys.measure.session import Session
 
     context = _Context(conn)
     device = None
@@ -124,26 +109,23 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
             env.update({k: static[k] for k in ("gpu_index", "gpu_uuid", "max_sm_clock_mhz", "gpu_state_note")})
             env.update({k: v for k, v in gpu_state.host_state().items() if k != "load_avg_1m"})
         sampler = gpu_state.sample if device.type == "cuda" else gpu_state.host_load
-        timing.configure(**cell.timing, state=host_probe.with_probe(sampler, device))
-        busy.ENABLED = cell.pass_index == 0
+        # the busy share in a cell's first pass only: whether it is launch-bound does not change between passes
+        session = Session(cell.policy, host_probe.with_probe(sampler, device), busy_share=cell.pass_index == 0)
         conn.send(("env", env))
         cap_memory(cell.memory_fraction, device)
         inject_fault(cell.cell_id, fault, OutOfMemoryError)
-        if cell.plugins:  # the user's implementation names and model, as the workflow registered them
-            from cs336sys import plugins
-
+        if cell.plugins:  # the user's implementation names and model, registered in this process alone
             plugins.activate(cell.plugins)
             user_files = plugins.preload(cell.plugins)  # imported here: a failure (sys.exit too) names its key
             conn.send(("plugin_files", plugins.loaded_by_import(cell.plugins)))  # the job's code record names them too
         module, _, name = cell.target.partition(":")
         measure = getattr(importlib.import_module(module), name)
-        budget.reset()
         conn.send(("begun", time.monotonic()))  # the end of start-up (CLOCK_MONOTONIC: the job's clock too)
         try:
-            for row in measure(device=device, context=context, **cell.kwargs):
+            for row in measure(device=device, context=context, session=session, **cell.kwargs()):
                 conn.send(("row", row))
         finally:  # before the outcome: the job stops listening once it has one
-            conn.send(("spent", budget.spent()))
+            conn.send(("spent", session.spent()))
             if cell.plugins and (note := plugins.unhashed_note(cell.plugins, user_files)):
                 print(f"cs336sys: warning: {note}", file=sys.stderr, flush=True)
                 conn.send(("env", {"plugin_note": note}))  # on every row, the failure's too
@@ -343,8 +325,6 @@ def _run_child(
         elif kind in ("begun", "spent"):
             clock[kind] = payload
         elif kind == "plugin_files":
-            from cs336sys import plugins
-
             plugins.record_loaded(cell.plugins, payload)
         elif kind == "done":
             break
@@ -383,7 +363,7 @@ def _finish(
     head = {"study": cell.study, "cell_id": cell.cell_id, **cell.axes}
     spec = S.STUDIES.get(cell.study)  # None: a cell of no registered study (a test's)
     if spec is not None and spec.kind == LM:  # which LM ran: ours or the user's class (plugins.model)
-        head["model"] = (cell.plugins or {}).get("model") or "cs336sys"
+        head["model"] = plugins.model_name(cell.plugins)
     return [{**head, **row, "pass_index": cell.pass_index, **env} for row in rows]
 
 

@@ -1,7 +1,7 @@
 """Which source files a cell was measured with, so that a rerun names the edit that caused it.
 
 A cell's job carries one hash over the modules its measuring process runs
-(``studies.cell_code_hash``); Snakemake reruns the cell when it changes, but its
+(``pipeline.plan.cell_code_hash``); Snakemake reruns the cell when it changes, but its
 reason only says "params have changed". Next to each cell's CSV the job leaves
 the hash of every one of those files (``<cell>.csv.code.json``); when the
 workflow is parsed again it compares them with the files as they are now and
@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cs336sys import catalog
 from cs336sys.fileio import write_text_atomic
 from cs336sys.provenance import PACKAGE_DIR, code_units, content_hash, file_hash, module_file
 
@@ -60,21 +61,23 @@ def user_file_hashes(files: Iterable[Path], root: str) -> dict[str, str]:
 def cell_file_hashes(
     study: str,
     axes: Mapping[str, Any],
-    plugins: Mapping[str, Any] | None = None,
+    plugins: Mapping[str, Any] | None,
+    offered: catalog.Catalog,
     cache: dict[tuple[tuple[str, ...], tuple[str, ...]], dict[str, str]] | None = None,
 ) -> dict[str, str]:
-    """The files a cell runs, hashed: our modules (``studies.cell_modules``) and its plug-in's files, if any.
-    ``cache``: one parse of the workflow hashes each module set once (not a long-lived process: files change)."""
-    from cs336sys import studies
+    """The files a cell runs, hashed: our modules (``pipeline.plan.cell_modules``) and its plug-in's files, if any
+    (``plugins``: the config's section, ``offered`` the implementations it offers). ``cache``: one parse of the
+    workflow hashes each module set once (not a long-lived process: files change)."""
+    from cs336sys.pipeline import plan
 
-    modules = tuple(studies.cell_modules(study, dict(axes)))
-    entries = studies.cell_entries(study, dict(axes))
+    modules = tuple(plan.cell_modules(study, dict(axes), offered))
+    entries = plan.cell_entries(study, dict(axes), offered)
     ours = cache.get((modules, entries)) if cache is not None else None
     if ours is None:
         ours = file_hashes(modules, entries)
         if cache is not None:
             cache[(modules, entries)] = ours
-    user = studies.user_files(study, dict(axes), plugins)
+    user = plan.user_files(study, dict(axes), plugins)
     return {**ours, **user_file_hashes(user, plugins["path"])} if user and plugins else ours
 
 
@@ -153,8 +156,10 @@ def rerun_trigger_warning(triggers: Iterable[object] | None) -> str | None:
 
 
 def record_cell(cell: Any, out: Path) -> None:
-    """Leave the hashes of the files ``cell`` ran beside its CSV ``out``; never fails the job."""
+    """Leave the hashes of the files ``cell`` (a ``pipeline.cell.Cell``) ran beside its CSV ``out``; never fails the job."""
+    from cs336sys.plugins import offered
+
     try:
-        write_record(out, cell_file_hashes(cell.study, cell.axes, cell.plugins))
+        write_record(out, cell_file_hashes(cell.study, cell.axes, cell.plugins, offered(cell.plugins)))
     except Exception as err:  # noqa: BLE001 - the record only explains a later rerun; the cell is measured
         print(f"no code record for {out.name}: {err}")

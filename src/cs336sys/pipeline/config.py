@@ -25,11 +25,12 @@ from typing import Any
 import jsonschema
 import yaml
 
+from cs336sys import catalog
 from cs336sys.models.sizes import MODEL_SIZES, known_sizes
 from cs336sys.pipeline.config_file import ConfigError, check_size, load_yaml  # the strict reader, its limits
 from cs336sys.pipeline.schema import SCHEMA_PATH, load_schema  # the run-wide keys and each study's section, assembled
 
-# top-level keys in every cell's params (studies.cell_settings): changing one remeasures every cell of a run
+# top-level keys in every cell's params (pipeline.plan.plan_cell): changing one remeasures every cell of a run
 RUN_WIDE_KEYS = ("device", "memory_fraction", "cache_dir")
 
 
@@ -94,8 +95,7 @@ def _copy(value: Any) -> Any:
     return yaml.safe_load(yaml.safe_dump(value))
 
 
-def validate_schema(config: dict, schema_path: str | Path = SCHEMA_PATH) -> None:
-    schema = load_schema(schema_path)
+def validate_schema(config: dict, schema: Mapping[str, Any]) -> None:
     validator = _fill_defaults(jsonschema.Draft202012Validator, schema)(schema)
     # a study listed without its section takes every default (`null` counts as absent)
     for name in config.get("studies") or []:
@@ -113,8 +113,10 @@ def validate_schema(config: dict, schema_path: str | Path = SCHEMA_PATH) -> None
             lines += [f"unknown config key {_path(list(err.absolute_path) + [k])!r} (allowed under {where}: {allowed})" for k in extra]
         elif err.validator == "pattern":  # a name: a path component of results/ and report/, or a device-name substring
             rule = err.schema.get("description", "see the schema")
-            lines.append(f"config key {_path(err.absolute_path)!r}: {err.instance!r} is not a valid name "
-                         f"(allowed: {rule}; pattern {err.validator_value})")  # fmt: skip
+            lines.append(
+                f"config key {_path(err.absolute_path)!r}: {err.instance!r} is not a valid name "
+                f"(allowed: {rule}; pattern {err.validator_value})"
+            )
         elif err.validator == "minItems" and "enum" in err.schema.get("items", {}):
             choices = ", ".join(map(str, err.schema["items"]["enum"]))
             lines.append(f"config key {_path(err.absolute_path)!r}: {err.message} (choose from {choices})")
@@ -134,9 +136,10 @@ def _numbers(value: Any, path: tuple = ()) -> Iterator[tuple[tuple, float]]:
         yield path, value
 
 
-def validate_semantics(config: Mapping[str, Any]) -> None:
-    """Checks across keys: finite numbers, model sizes exist and are sound, grids are not empty."""
+def validate_semantics(config: Mapping[str, Any], offered: catalog.Catalog) -> None:
+    """Checks across keys: finite numbers, model sizes exist and are sound, grids (of ``offered``'s names) are not empty."""
     from cs336sys import studies as S
+    from cs336sys.pipeline.plan import cells
 
     problems = [
         f"config key {_path(p)!r}: {v} is not a finite number (allowed: a finite number)"
@@ -165,7 +168,7 @@ def validate_semantics(config: Mapping[str, Any]) -> None:
                 problems.append(f"config key '{study}.grid.size': unknown model size {name!r}; known sizes: {', '.join(sizes)}")
     if not problems:
         for study in config.get("studies", []):
-            if not S.cells(study, config[study]):
+            if not cells(study, config[study], offered):
                 why = S.study(study).why_invalid or "every combination is invalid"
                 grid = "; ".join(f"{axis} {config[study]['grid'][axis]}" for axis in S.study(study).axes)
                 problems.append(f"config key '{study}.grid': no valid cell: {why} (this grid: {grid})")
@@ -209,9 +212,11 @@ def check_grid_size(config: Mapping[str, Any]) -> None:
         total += cells * passes
         parts.append(f"{study}: {' × '.join(map(str, lengths))} = {cells} cells" + (f" × {passes} passes" if passes > 1 else ""))
     if total > limit:
-        raise ConfigError(f"invalid config:\n  config key 'max_cell_jobs': the grids make {total} cell jobs ({'; '.join(parts)}); "
-                          f"a run plans at most {limit} (config/full.yaml makes about 3300): split the grids over several runs, "
-                          "or raise max_cell_jobs")  # fmt: skip
+        raise ConfigError(
+            f"invalid config:\n  config key 'max_cell_jobs': the grids make {total} cell jobs ({'; '.join(parts)}); "
+            f"a run plans at most {limit} (config/full.yaml makes about 3300): split the grids over several runs, "
+            "or raise max_cell_jobs"
+        )
 
 
 # --- the default run name: `run: auto` (the schema's default) names the run after the GPU -------
@@ -284,16 +289,19 @@ def resolve_run_name(config: dict) -> None:
     elif not config.get("check_local_cuda", True):
         # a SLURM login node: this machine's GPU (or none) is not the one the cells run on, and each job
         # parses the workflow again on its own node: the two would name different output paths
-        raise ConfigError("invalid config:\n  config key 'run': 'auto' names the run after this machine's GPU, but "
-                          "check_local_cuda: false says the cells run elsewhere: name the run, e.g. --config run=h100")  # fmt: skip
+        raise ConfigError(
+            "invalid config:\n  config key 'run': 'auto' names the run after this machine's GPU, but "
+            "check_local_cuda: false says the cells run elsewhere: name the run, e.g. --config run=h100"
+        )
     else:
         config["run"] = run_name_for(detected_gpu_name())
 
 
-def validate_config(config: dict, schema_path: str | Path = SCHEMA_PATH, check_imports: str = "") -> dict:
-    """Fill defaults into ``config`` and check it; raises ConfigError naming each bad key.
+def validate_config(config: dict, schema_path: str | Path = SCHEMA_PATH, check_imports: str = "") -> tuple[dict, catalog.Catalog]:
+    """Fill defaults into ``config`` and check it; raises ConfigError naming each bad key. Answers the config and
+    the implementations it offers: the built-in lines and its ``plugins`` (their names join the schema's ``impl``
+    enums), a view to pass to what plans its cells. No module state changes: nothing is registered.
 
-    Registers the config's ``plugins`` first (their names join the schema's ``impl`` enums).
     ``check_imports``: ``subprocess`` (the workflow's parse, which must not import torch) or
     ``here`` also imports the user's code and checks it; "" does not.
     """
@@ -301,18 +309,20 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA_PATH, check_i
     from cs336sys import studies as S
 
     check_size(config)
-    config["plugins"] = plugins.activate(config.get("plugins"))  # with its defaults (form: adapter)
-    coerce_command_line(config, load_schema(schema_path))
-    validate_schema(config, schema_path)
+    config["plugins"] = plugins.normalise(config.get("plugins"))  # with its defaults (form: adapter)
+    offered = plugins.offered(config["plugins"])
+    schema = load_schema(schema_path, offered)
+    coerce_command_line(config, schema)
+    validate_schema(config, schema)
     resolve_run_name(config)
     check_grid_size(config)
     plugins.check_lm_studies(config, {name: S.study(name).kind for name in config["studies"]})
-    validate_semantics(config)
+    validate_semantics(config, offered)
     if check_imports == "subprocess":
         plugins.check_imports_in_subprocess(config["plugins"])
     elif check_imports == "here":
         plugins.check_imports(config["plugins"])
-    return config
+    return config, offered
 
 
 def _shown(value: Any) -> str:

@@ -44,8 +44,10 @@ def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = F
             continue
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
-            raise ConfigError(f"{key_node.start_mark.name}:{key_node.start_mark.line + 1}: config key {key!r} is given twice "
-                              f"(first on line {seen[key] + 1}); a second block would silently replace the first")  # fmt: skip
+            raise ConfigError(
+                f"{key_node.start_mark.name}:{key_node.start_mark.line + 1}: config key {key!r} is given twice "
+                f"(first on line {seen[key] + 1}); a second block would silently replace the first"
+            )
         seen[key] = key_node.start_mark.line
     return loader.construct_mapping(node, deep=deep)
 
@@ -68,30 +70,37 @@ def _decimal(text: str, base: int) -> int:
 def _strict_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
     text = node.value
     if _OCTAL_11.fullmatch(text):
-        raise ConfigError(f"{_where(node)}: {text} is a YAML 1.1 octal literal (read as {_decimal(text, 8)}); "
-                          f"write {_decimal(text, 10)} for the decimal number, or quote it ('{text}') for text")  # fmt: skip
+        raise ConfigError(
+            f"{_where(node)}: {text} is a YAML 1.1 octal literal (read as {_decimal(text, 8)}); "
+            f"write {_decimal(text, 10)} for the decimal number, or quote it ('{text}') for text"
+        )
     if _BINARY.fullmatch(text):
         raise ConfigError(f"{_where(node)}: {text} is a YAML 1.1 binary literal; write {_decimal(text, 2)}, or quote it for text")
     if _BASE_60.fullmatch(text):
         value = loader.construct_yaml_int(node)
-        raise ConfigError(f"{_where(node)}: {text} is a YAML 1.1 base-60 number (read as {value}); write {value}, "
-                          f"or quote it ('{text}') for text")  # fmt: skip
+        raise ConfigError(
+            f"{_where(node)}: {text} is a YAML 1.1 base-60 number (read as {value}); write {value}, or quote it ('{text}') for text"
+        )
     return loader.construct_yaml_int(node)
 
 
 def _strict_float(loader: _StrictLoader, node: yaml.ScalarNode) -> float:
     if _BASE_60.fullmatch(node.value):
         value = loader.construct_yaml_float(node)
-        raise ConfigError(f"{_where(node)}: {node.value} is a YAML 1.1 base-60 number (read as {value:g}); write {value:g}, "
-                          f"or quote it ('{node.value}') for text")  # fmt: skip
+        raise ConfigError(
+            f"{_where(node)}: {node.value} is a YAML 1.1 base-60 number (read as {value:g}); write {value:g}, "
+            f"or quote it ('{node.value}') for text"
+        )
     return loader.construct_yaml_float(node)
 
 
 def _strict_bool(loader: _StrictLoader, node: yaml.ScalarNode) -> bool:
     value = loader.construct_yaml_bool(node)
     if node.value.lower() not in ("true", "false"):  # yes/no/on/off: booleans in YAML 1.1 only
-        raise ConfigError(f"{_where(node)}: {node.value!r} is a YAML 1.1 boolean (read as {str(value).lower()}); "
-                          f"write true or false for a switch, or quote it ('{node.value}') for text")  # fmt: skip
+        raise ConfigError(
+            f"{_where(node)}: {node.value!r} is a YAML 1.1 boolean (read as {str(value).lower()}); "
+            f"write true or false for a switch, or quote it ('{node.value}') for text"
+        )
     return value
 
 
@@ -99,12 +108,15 @@ def _strict_str(loader: _StrictLoader, node: yaml.ScalarNode) -> str:
     text = loader.construct_yaml_str(node)
     if node.style is None:  # plain, not quoted: what the writer meant is a number
         if _OCTAL_12.fullmatch(text):
-            raise ConfigError(f"{_where(node)}: {text} is a YAML 1.2 octal literal, read as text here; "
-                              f"write {_decimal(text, 8)}, or quote it ('{text}') for text")  # fmt: skip
+            raise ConfigError(
+                f"{_where(node)}: {text} is a YAML 1.2 octal literal, read as text here; "
+                f"write {_decimal(text, 8)}, or quote it ('{text}') for text"
+            )
         if _LEADING_ZERO.fullmatch(text) or _EXPONENT.fullmatch(text):
             number = float(text.replace("_", "")) if _EXPONENT.fullmatch(text) else _decimal(text, 10)
-            raise ConfigError(f"{_where(node)}: {text} is read as text here (a number in YAML 1.2); write {number!r}, "
-                              f"or quote it ('{text}') for text")  # fmt: skip
+            raise ConfigError(
+                f"{_where(node)}: {text} is read as text here (a number in YAML 1.2); write {number!r}, or quote it ('{text}') for text"
+            )
     return text
 
 
@@ -155,8 +167,10 @@ def _check_nodes(root: yaml.Node, source: str) -> None:
             for child in children:
                 total += size(child, depth + 1)
                 if total > MAX_NODES:
-                    raise ConfigError(f"{source}: its aliases expand to more than {MAX_NODES} nodes (values, lists and "
-                                      "mappings); a config holds a few hundred")  # fmt: skip
+                    raise ConfigError(
+                        f"{source}: its aliases expand to more than {MAX_NODES} nodes (values, lists and "
+                        "mappings); a config holds a few hundred"
+                    )
             open_.discard(id(node))
         sizes[id(node)] = total
         return total
@@ -240,10 +254,12 @@ def check_layer(layer: Mapping[str, Any], source: str) -> None:
 
     for key in STUDIES:
         if key in layer and _is_empty(layer[key]):
-            raise ConfigError(f"{source}: config key {key!r} is an empty study block: refused, because over config.yaml "
-                              f"`{key}:` would drop its {key} settings for the schema's defaults and `{key}: {{}}` would "
-                              f"change nothing. To keep the settings of the files before, omit the key; to change some, "
-                              f"name them ({key}: {{timeout_s: 60}})")  # fmt: skip
+            raise ConfigError(
+                f"{source}: config key {key!r} is an empty study block: refused, because over config.yaml "
+                f"`{key}:` would drop its {key} settings for the schema's defaults and `{key}: {{}}` would "
+                f"change nothing. To keep the settings of the files before, omit the key; to change some, "
+                f"name them ({key}: {{timeout_s: 60}})"
+            )
 
 
 def load_config_file(path: str | Path) -> dict:
@@ -274,8 +290,10 @@ def check_size(config: Mapping[str, Any]) -> None:
         for item in value.values() if isinstance(value, dict) else value:
             total += size(item, depth + 1, key)
             if total > MAX_NODES:
-                raise ConfigError(f"invalid config:\n  config key {key!r}: holds more than {MAX_NODES} nodes (values, lists "
-                                  "and mappings, a shared one counted each time it occurs); a config holds a few hundred")  # fmt: skip
+                raise ConfigError(
+                    f"invalid config:\n  config key {key!r}: holds more than {MAX_NODES} nodes (values, lists "
+                    "and mappings, a shared one counted each time it occurs); a config holds a few hundred"
+                )
         sizes[id(value)] = total
         return total
 

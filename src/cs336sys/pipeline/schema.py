@@ -6,7 +6,7 @@ and the shared types (``$defs``). Each study's section lives with the study, in
 (one entry per axis) and its ``settings``, each with its default. So a study's settings and defaults
 are written once, in its own folder, and a study added under ``studies/`` joins the schema, the
 ``studies`` list and the CLI with no edit here. The ``impl`` axes' names come from the implementation
-catalog (``cs336sys.catalog``), plug-ins' included.
+catalog view they are given (``cs336sys.catalog``: a config's plug-ins included, ``plugins.offered``).
 """
 
 from __future__ import annotations
@@ -72,8 +72,9 @@ def study_section(name: str, axes: tuple[str, ...]) -> dict[str, Any]:
             "properties": {"grid": grid_schema, **settings}}  # fmt: skip
 
 
-def load_schema(schema_path: str | Path = SCHEMA_PATH) -> dict:
-    """The whole schema: ``schema_path``'s run-wide keys, each registered study's section, the ``impl`` names."""
+def load_schema(schema_path: str | Path = SCHEMA_PATH, offered: catalog.Catalog = catalog.BUILT_IN) -> dict:
+    """The whole schema: ``schema_path``'s run-wide keys, each registered study's section, the ``impl`` names
+    that ``offered`` holds (a config's, with its plug-ins, where it validates one)."""
     from cs336sys import studies as S  # the registry imports each study's package; none imports torch
 
     schema = _read(Path(schema_path))
@@ -88,5 +89,5 @@ def load_schema(schema_path: str | Path = SCHEMA_PATH) -> dict:
     for name, spec in S.STUDIES.items():
         impl = props[name]["properties"]["grid"]["properties"].get("impl")
         if impl is not None:  # the implementations of the study's kind (a study with an impl axis has one: S.check_axes)
-            impl["items"] = {"enum": list(catalog.names(spec.kind))}
+            impl["items"] = {"enum": list(offered.names(spec.kind))}
     return schema

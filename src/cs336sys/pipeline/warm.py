@@ -136,9 +136,12 @@ def _start_server(path: Path, log: Path) -> socket.socket | None:
         try:
             server = subprocess.Popen(
                 [sys.executable, "-m", "cs336sys.pipeline.warm", str(path)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE.parent), os.environ.get("PYTHONPATH")]))},
-            )  # fmt: skip
+            )
         finally:
             os.close(out)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -220,7 +223,8 @@ def _exchange(sock: socket.socket, path: Path, request: dict[str, Any]) -> dict[
 
 
 def run_job(cell: dict[str, Any], timeout_s: float, output: str, log: str, warm: bool = True, run: str = "", replace: bool = False) -> str:
-    """One cell job of run ``run``: the cell's CSV at ``output``, its log at ``log``; returns a one-line summary.
+    """One cell job of run ``run``: the cell (its params, ``Cell.params``) measured into the CSV at ``output``, its log at
+    ``log``; returns a one-line summary.
 
     With ``warm``, the warm server runs it; otherwise (or where no server starts, or the one found
     may not be used) this process does. RowsKept unless ``replace``: ``pipeline.keeprows``.
@@ -249,7 +253,7 @@ def _job(request: dict[str, Any], owner_pid: int | None = None) -> str:
         out = Path(request["output"])
         for stale in remove_stale_temps(out.parent, out.name):  # a half-written CSV of a killed earlier job
             print(f"removed {stale} (its writer is gone)")
-        cell = Cell(**request["cell"], timeout_s=request["timeout_s"])
+        cell = Cell.from_params(request["cell"], timeout_s=request["timeout_s"])
         # nothing here has run torch; the rows' time_job_s counts from the job's process start
         job_started = started_at(owner_pid or os.getpid())
         rows = run_cell(cell, start_method="fork", owner_pid=owner_pid, job_started=job_started, run=request.get("run") or None)

@@ -16,8 +16,9 @@ accounts), and a warm server runs as its user, often root, with that user's envi
 - A server takes from a request only what a cell needs: the environment variables that
   cells read (``PASSED_ENV``; PATH, LD_PRELOAD, PYTHON*, HOME... stay the server's own,
   which its key covers), output, log and artifact paths inside the job's working directory
-  (no ``..``, no symlink out), a registered study's measurement, a finite time limit; the
-  request itself within ``REQUEST_TIMEOUT_S`` and ``MAX_REQUEST_BYTES``.
+  (no ``..``, no symlink out), a cell whose every field has its type (``Cell.from_params``) and
+  whose target is a registered study's measurement, a finite time limit; the request itself within
+  ``REQUEST_TIMEOUT_S`` and ``MAX_REQUEST_BYTES``.
 
 Anything else raises :class:`Refused`, whose message names the path or the peer and its
 owner; the job then runs the cell itself.
@@ -49,8 +50,18 @@ PER_JOB_ENV = ("SLURM_", "SNAKEMAKE_", "OLDPWD", "PWD", "SHLVL", "_")
 # What a cell reads from its job's environment (our switches, the GPU pinning, the compilers'
 # caches and logs, the allocator, threads, the cluster's job), matched as prefixes. Everything
 # else (PATH, LD_PRELOAD, PYTHON*, HOME, ...) the handler keeps from the server's own environment.
-PASSED_ENV = ("CS336SYS_", "CUDA_", "TRITON_", "TORCHINDUCTOR_", "TORCH_", "PYTORCH_", "NCCL_", "SLURM_",
-              "OMP_NUM_THREADS", "MKL_NUM_THREADS")  # fmt: skip
+PASSED_ENV = (
+    "CS336SYS_",
+    "CUDA_",
+    "TRITON_",
+    "TORCHINDUCTOR_",
+    "TORCH_",
+    "PYTORCH_",
+    "NCCL_",
+    "SLURM_",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+)
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -174,18 +185,25 @@ def _inside(root: Path, given: str, what: str) -> str:
     return given
 
 
-def _checked_cell(cell: Any, root: Path) -> dict[str, Any]:
+def _checked_cell(params: Any, root: Path) -> dict[str, Any]:
+    """The request's cell params, each field checked (``Cell.from_params``), its target a study's measurement, its artifacts
+    inside the job's directory."""
+    from cs336sys.pipeline.cell import Cell
     from cs336sys.studies import STUDIES
 
-    if not isinstance(cell, dict):
-        raise Refused("the request's cell is not a mapping")
-    study = STUDIES.get(cell.get("study"))
-    if study is None or cell.get("target") != study.measure:
-        raise Refused(f"the cell's target {cell.get('target')!r} is not the measurement of a study (study {cell.get('study')!r})")
-    kwargs = cell.get("kwargs") or {}
-    if isinstance(kwargs, dict) and kwargs.get("artifact_dir") is not None:  # the measuring child writes its traces there
-        cell = {**cell, "kwargs": {**kwargs, "artifact_dir": _inside(root, kwargs["artifact_dir"], "artifact")}}
-    return cell
+    try:
+        cell = Cell.from_params(params)
+    except ValueError as exc:
+        raise Refused(f"the request's cell: {exc}") from None
+    study = STUDIES.get(cell.study)
+    if study is None or cell.target != study.measure:
+        raise Refused(f"the cell's target {cell.target!r} is not the measurement of a study (study {cell.study!r})")
+    artifacts = cell.settings.get("artifact_dir")
+    if artifacts is not None:  # the measuring child writes its traces there
+        if not isinstance(artifacts, str):
+            raise Refused(f"the cell's artifact_dir {artifacts!r} is not a path")
+        params = {**params, "settings": {**cell.settings, "artifact_dir": _inside(root, artifacts, "artifact")}}
+    return dict(params)
 
 
 def job_environ(own: Mapping[str, str], requested: Mapping[str, Any]) -> dict[str, str]:

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from cs336sys import studies as S
+from cs336sys.pipeline import plan
 from cs336sys.pipeline.schema import study_section
 from cs336sys.runs.compare_plot import cells_md, listed, md
 from cs336sys.runs.compare_setup import flatten, load_config
@@ -133,7 +134,7 @@ def lost_cells(a: Mapping[str, pd.DataFrame], b: Mapping[str, pd.DataFrame]) -> 
 def _setting_keys(study: str) -> tuple[set[str], set[str]]:
     """A study's section keys that shape no measurement (grid, the jobs', extra cells'), and the timing policy's."""
     spec = S.STUDIES.get(study)
-    return set(S.JOB_KEYS) | set(spec.cell_keys if spec else ()), set(S.TIMING_KEYS)
+    return set(plan.JOB_KEYS) | set(spec.cell_keys if spec else ()), set(plan.POLICY_KEYS)
 
 
 def config_settings(config: Mapping[str, Any], studies: list[str]) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from cs336sys import studies as S
 from cs336sys.handout.answers import write_answers
 from cs336sys.pipeline.config import load_yaml
 from cs336sys.pipeline.merge import load_study, merge_cells
+from cs336sys.pipeline.plan import grid
+from cs336sys.plugins import offered
 from cs336sys.rows import write_csv_atomic
 from cs336sys.runs.figures import plot_study
 from cs336sys.runs.report import write_report
@@ -32,7 +34,7 @@ def study_cells(results: Path, study: str, config: dict) -> tuple[list[Path], li
     the between-pass spread the run was configured to measure.
     """
     present, missing = [], []
-    for cid in S.grid(study, config):
+    for cid in grid(study, config, offered(config.get("plugins"))):
         paths = [results / study / "cells" / f"{S.pass_dir(k)}{cid}.csv" for k in range(config[study].get("passes", 1))]
         if all(p.is_file() for p in paths):
             present += paths
@@ -81,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as err:
         parser.error(str(err))
     for study, cells in missing.items():
-        total = len(S.grid(study, load_yaml(args.results / "config.yaml")))
+        config = load_yaml(args.results / "config.yaml")
+        total = len(grid(study, config, offered(config.get("plugins"))))
         print(f"{study}: {total - len(cells)} of {total} cells" + (f"; missing: {', '.join(cells)}" if cells else ""))
     return 0
 

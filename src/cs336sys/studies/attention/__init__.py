@@ -1,8 +1,7 @@
 """Study ``attention``: one attention core, batch × one head, time and memory vs length (handout §1.2.1)."""
 
 from cs336sys import catalog
-from cs336sys.models.variants import is_valid
-from cs336sys.studies import Study
+from cs336sys.studies import Axes, Study
 
 
 def _offered() -> str:
@@ -13,12 +12,17 @@ def _offered() -> str:
     return "; ".join(f"{', '.join(names)} × {', '.join(acts)}" for acts, names in groups.items())
 
 
+def _valid(axes: Axes, offered: catalog.Catalog) -> bool:
+    """An implementation × activation that its catalog line offers (SDPA has no ReLU), of the config's implementations."""
+    return axes["impl"] in offered.names(catalog.CORE) and axes["activation"] in offered.lookup(axes["impl"]).activations
+
+
 STUDY = Study(
     name="attention",
     question="How do eager softmax and ReLU attention (and our fused kernels) scale in time and memory with sequence length? (§1.2.1)",
     axes=("d_model", "seq_len", "activation", "impl", "causal", "precision"),
     kind=catalog.CORE,
-    valid=lambda axes: is_valid(axes["impl"], axes["activation"]),  # SDPA has no ReLU: not a cell
+    valid=_valid,
     why_invalid=f"that impl × activation is not offered (valid: {_offered()})",
     estimate_s=4.0,  # the median cell of the H100 default sweep (results/h100), rounded
     attention_shape=lambda row: (row.get("batch_size"), 1, row.get("seq_len"), row.get("d_model"), row.get("causal")),

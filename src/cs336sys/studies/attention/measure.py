@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from cs336sys import catalog
-from cs336sys.measure import SEED, budget, memory
+from cs336sys.measure import SEED, memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.correctness import check_implementation, check_shape, check_timed_call
 from cs336sys.measure.flops import attention_phase_flops
+from cs336sys.measure.session import Session
 from cs336sys.measure.timing import StepClock, time_steps, timing_rows
 from cs336sys.models.attention import get_attention
 from cs336sys.models.dtypes import set_matmul_precision, tensor_dtype
@@ -53,6 +54,7 @@ def qkv(shape: tuple[int, ...], precision: str, device: torch.device, seed: int)
 def measure(
     device: torch.device,
     context: dict,
+    session: Session,
     *,
     d_model: int,
     seq_len: int,
@@ -67,7 +69,7 @@ def measure(
     fn = core(impl, activation, device)
     set_matmul_precision(precision)
     context["mode"] = "train"  # a wrong core's row is the train row it would have been
-    with budget.part("check"):
+    with session.part("check"):
         check_implementation(impl, fn, check_shape(1, d_model), precision, bool(causal), device, activation=activation)
     if catalog.lookup(impl).compile:
         torch._dynamo.reset()  # the check's shape must not make the timed shape's compilation dynamic
@@ -87,10 +89,10 @@ def measure(
 
     context["mode"] = "train"
     memory.reset_peak(device)
-    timing = time_steps(step, warmup=warmup_steps, steps=measure_steps, device=device)
+    timing = time_steps(step, session, warmup=warmup_steps, steps=measure_steps, device=device)
     peak = memory.peak_allocated_bytes(device)
-    busy = gpu_busy_share(step, device)
-    with budget.part("check"):
+    busy = gpu_busy_share(step, device, session)
+    with session.part("check"):
         check_timed_call(fn, q, k, v, precision, bool(causal), activation=activation)
     elem = q.element_size()
     extra = {
@@ -98,7 +100,7 @@ def measure(
         "batch_size": batch_size,
         "peak_mem_bytes": peak,
         "gpu_busy_frac": busy,
-        "gpu_busy_note": busy_note(busy, device),
+        "gpu_busy_note": busy_note(busy, device, session),
         "mem_before_fwd_bytes": mem.get("before_forward"),
         "mem_before_bwd_bytes": mem.get("before_backward"),
         # bytes of one (batch, L, L) matrix in the compute dtype: the unit in which eager keeps P for backward

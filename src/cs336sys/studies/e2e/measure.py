@@ -21,17 +21,19 @@ timed in the process (``measure.busy``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from cs336sys.columns import GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND
-from cs336sys.measure import budget, energy, memory
+from cs336sys.measure import energy, memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.flops import lm_forward_flops, phase_flops
 from cs336sys.measure.interleave import ArmsTiming, time_arms
 from cs336sys.measure.lm_steps import LMCell, graph_optimizer, graphed_lm_steps, lm_steps
+from cs336sys.measure.session import Session
 from cs336sys.measure.timing import STEP, StepClock, Timing, merge_timings, time_steps, timing_rows
 from cs336sys.models.dtypes import set_matmul_precision
 from cs336sys.models.optim import make_optimizer
@@ -47,6 +49,7 @@ NO_GRAPH_ON_CPU = "GPU time needs CUDA graphs (a CUDA device)"
 def measure(
     device: torch.device,
     context: dict,
+    session: Session,
     *,
     compile: bool,
     cuda_graphs: bool,
@@ -75,7 +78,8 @@ def measure(
     opt = None
     if cuda_graphs:
         try:
-            own = graphed_lm_steps(model, run_model, inputs, targets, precision, device, graph_optimizer(optimizer, model))
+            with session.part("graph"):
+                own = graphed_lm_steps(model, run_model, inputs, targets, precision, device, graph_optimizer(optimizer, model))
         except RuntimeError as exc:
             if isinstance(exc, torch.OutOfMemoryError):
                 raise
@@ -97,29 +101,29 @@ def measure(
     alone: dict[str, tuple[Timing, dict[str, Any]]] = {}
     paired: dict[str, ArmsTiming] = {}
     notes: dict[str, str] = {}
+    # With partners, the interleaved blocks below sample until the target and the cell's own blocks here need
+    # one (peak memory); on a GPU two, each long enough for the energy meter: interleaved blocks are not metered.
+    metered = bool(partners) and device.type == "cuda"
+    policy = dataclasses.replace(session.policy, target_rel=0.0, min_measure_s=0.0) if partners else session.policy
+    policy = dataclasses.replace(policy, trials=ENERGY_BLOCKS, min_measure_s=energy.MIN_BLOCK_S) if metered else policy
+    per_block = block_steps if partners else measure_steps
     try:
         for mode in run:
             context["mode"] = mode
             memory.reset_peak(device)
-            # With partners, the interleaved blocks below sample until the target and this first block
-            # only needs one block (peak memory); alone, it is the cell's measurement.
-            first = {"steps": block_steps, "target_rel": 0.0, "min_measure_s": 0.0} if partners else {"steps": measure_steps}
-            metered = partners and device.type == "cuda"
-            if metered:  # interleaved blocks are not metered: two blocks long enough for the energy meter (measure.energy)
-                first.update(trials=ENERGY_BLOCKS, min_measure_s=energy.MIN_BLOCK_S)
-            with budget.part("energy") if metered else contextlib.nullcontext():
-                timing = time_steps(own[mode], warmup=warmup_steps, device=device, **first)
+            with session.part("energy") if metered else contextlib.nullcontext():
+                timing = time_steps(own[mode], session, warmup=warmup_steps, steps=per_block, device=device, policy=policy)
             extra = {"peak_mem_bytes": memory.peak_allocated_bytes(device)}
             if mode == "train":
                 extra["mem_before_bwd_bytes"] = memory_log.get("before_backward")
             alone[mode] = (timing, extra)
         # 2. The arms timed beside it, interleaved: the CUDA-graph replay of the same step and the partners.
-        arms, notes = _arms(own, cuda_graphs, partners, device, cell, model, run_model, inputs, targets, opt)
+        arms, notes = _arms(own, cuda_graphs, partners, device, session, cell, model, run_model, inputs, targets, opt)
         for mode in run:
             context["mode"] = mode
             if len(arms) > 1:
                 mode_arms = {name: steps[mode] for name, steps in arms.items()}  # the own arm is warm from its first block
-                paired[mode] = time_arms(mode_arms, warmup=warmup_steps, block_steps=block_steps, device=device, warm=(OWN,))
+                paired[mode] = time_arms(mode_arms, session, warmup=warmup_steps, block_steps=block_steps, device=device, warm=(OWN,))
     except torch.OutOfMemoryError:
         # a mode measured before the one that ran out keeps its rows; the runner records the OOM of this one
         failed = context.get("mode")
@@ -131,19 +135,25 @@ def measure(
         context["mode"] = failed
         raise
     # 3. The busy share last: the profiler leaves CUPTI attached to the process (kineto tears it down only with
-    #    TEARDOWN_CUPTI=1), and every launch after it ran 10-45% slower on the H100 (timing.check_not_profiled).
+    #    TEARDOWN_CUPTI=1), and every launch after it ran 10-45% slower on the H100 (Session.check_not_profiled).
     for mode in run:
         context["mode"] = mode
-        busy = gpu_busy_share(own[mode], device)
-        alone[mode][1].update(gpu_busy_frac=busy, gpu_busy_note=busy_note(busy, device))
+        busy = gpu_busy_share(own[mode], device, session)
+        alone[mode][1].update(gpu_busy_frac=busy, gpu_busy_note=busy_note(busy, device, session))
     for mode in run:
         context["mode"] = mode
         yield from _mode_rows(mode, alone[mode], paired.get(mode), notes, common, fwd)
     memory.release(device)
 
 
-def _mode_rows(mode: str, alone: tuple[Timing, dict[str, Any]], result: ArmsTiming | None, notes: Mapping[str, str],
-               common: Mapping[str, Any], fwd: float) -> Iterator[dict[str, Any]]:  # fmt: skip
+def _mode_rows(
+    mode: str,
+    alone: tuple[Timing, dict[str, Any]],
+    result: ArmsTiming | None,
+    notes: Mapping[str, str],
+    common: Mapping[str, Any],
+    fwd: float,
+) -> Iterator[dict[str, Any]]:
     """One mode's rows: its phases (with their GPU time), its paired ratios, and why a partner is missing."""
     timing, extra = alone
     if result is not None:
@@ -177,15 +187,28 @@ def _pair_rows(result, mode: str, optimizer: str) -> Iterator[dict[str, Any]]:
                 continue
             ratio = result.ratio(OWN, name, phase)
             own_b, other_b = result.blocks[OWN][phase], result.blocks[name][phase]
-            yield {"kind": PAIR_KIND, "mode": mode, "phase": phase, "pair_with": name, "ratio": ratio.median,
-                   "ratio_ci_low": ratio.low, "ratio_ci_high": ratio.high, "pairs": ratio.n,
-                   "own_ms": result.arms[OWN].phases[phase].median_ms, "partner_ms": result.arms[name].phases[phase].median_ms,
-                   "own_blocks_ms": ";".join(f"{x:.4f}" for x in own_b), "partner_blocks_ms": ";".join(f"{x:.4f}" for x in other_b),
-                   "stop_reason": result.stop_reason, "optimizer": optimizer, "pair_note": ""}  # fmt: skip
+            yield {
+                "kind": PAIR_KIND,
+                "mode": mode,
+                "phase": phase,
+                "pair_with": name,
+                "ratio": ratio.median,
+                "ratio_ci_low": ratio.low,
+                "ratio_ci_high": ratio.high,
+                "pairs": ratio.n,
+                "own_ms": result.arms[OWN].phases[phase].median_ms,
+                "partner_ms": result.arms[name].phases[phase].median_ms,
+                "own_blocks_ms": ";".join(f"{x:.4f}" for x in own_b),
+                "partner_blocks_ms": ";".join(f"{x:.4f}" for x in other_b),
+                "stop_reason": result.stop_reason,
+                "optimizer": optimizer,
+                "pair_note": "",
+            }
 
 
-def _arms(own, cuda_graphs, partners, device, cell: LMCell, model, run_model, inputs, targets,
-          opt) -> tuple[dict[str, dict[str, Callable[[StepClock], None]]], dict[str, str]]:  # fmt: skip
+def _arms(
+    own, cuda_graphs, partners, device, session: Session, cell: LMCell, model, run_model, inputs, targets, opt
+) -> tuple[dict[str, dict[str, Callable[[StepClock], None]]], dict[str, str]]:
     """Arm name → mode → step; and arm name → why it could not be built (its rows say so)."""
     precision, optimizer = cell.precision, cell.optimizer
     arms: dict[str, dict[str, Callable[[StepClock], None]]] = {OWN: own}
@@ -195,7 +218,10 @@ def _arms(own, cuda_graphs, partners, device, cell: LMCell, model, run_model, in
             notes[GRAPH] = NO_GRAPH_ON_CPU
         else:
             try:
-                arms[GRAPH] = graphed_lm_steps(model, run_model, inputs, targets, precision, device, graph_optimizer(optimizer, model, opt))
+                with session.part("graph"):
+                    arms[GRAPH] = graphed_lm_steps(
+                        model, run_model, inputs, targets, precision, device, graph_optimizer(optimizer, model, opt)
+                    )
             except (RuntimeError, torch.OutOfMemoryError) as exc:  # OOM is a RuntimeError: the eager rows still stand
                 memory.release(device)
                 why = "out of memory beside the eager step" if isinstance(exc, torch.OutOfMemoryError) else str(exc).splitlines()[0][:200]

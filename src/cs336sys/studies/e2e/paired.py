@@ -102,8 +102,15 @@ def comparison(df: pd.DataFrame, axis: str, phases: tuple[str, ...] = ("step",))
         note = "" if is_empty(note) else str(note)
         base = {k: r.get(k) for k in [*keys, axis]} | {"pair_note": note}
         if math.isfinite(float(r.get("ratio", math.nan))):
-            out[key] = base | {"ratio": r["ratio"], "ratio_low": r["ratio_ci_low"], "ratio_high": r["ratio_ci_high"], "source": PAIRED,
-                               "pairs": r.get("pairs"), "stop_reason": r.get("stop_reason"), "pass_ratios": r.get("pass_ratios")}  # fmt: skip
+            out[key] = base | {
+                "ratio": r["ratio"],
+                "ratio_low": r["ratio_ci_low"],
+                "ratio_high": r["ratio_ci_high"],
+                "source": PAIRED,
+                "pairs": r.get("pairs"),
+                "stop_reason": r.get("stop_reason"),
+                "pass_ratios": r.get("pass_ratios"),
+            }
         elif key in out:
             out[key]["pair_note"] = note  # no ratio: the two cells' intervals stand, with the reason
         else:
@@ -130,10 +137,19 @@ def pair_table(df: pd.DataFrame) -> pd.DataFrame:
             float(r.get("ratio", math.nan)), float(r.get("ratio_ci_low", math.nan)), float(r.get("ratio_ci_high", math.nan)), 0, 1
         )
         note = "" if is_empty(r.get("pair_note")) else str(r.get("pair_note"))
-        out.append({"comparison": labels.get(r["pair_with"], r["pair_with"]), **{k: r.get(k) for k in LM_KEYS if k in rows and k != "cuda_graphs"},
-                    "mode": r["mode"], "phase": r["phase"],
-                    "ratio [95% interval]": describe_ratio(iv, budget=stopped_on_budget(r.get("stop_reason"))) if not note else f"not paired: {note}",
-                    "pairs": r.get("pairs"), "stop_reason": r.get("stop_reason")})  # fmt: skip
+        out.append(
+            {
+                "comparison": labels.get(r["pair_with"], r["pair_with"]),
+                **{k: r.get(k) for k in LM_KEYS if k in rows and k != "cuda_graphs"},
+                "mode": r["mode"],
+                "phase": r["phase"],
+                "ratio [95% interval]": describe_ratio(iv, budget=stopped_on_budget(r.get("stop_reason")))
+                if not note
+                else f"not paired: {note}",
+                "pairs": r.get("pairs"),
+                "stop_reason": r.get("stop_reason"),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -157,13 +173,18 @@ def gpu_table(df: pd.DataFrame) -> pd.DataFrame:
     out = []
     for _, r in both.iterrows():
         f = lambda c: float(pd.to_numeric(r.get(c), errors="coerce"))  # noqa: E731
-        out.append({**{k: r[k] for k in keys if k not in ("cuda_graphs",)},
-                    "eager ms [95%]": _ms(f("median_ms"), f("ci_low_ms"), f("ci_high_ms")),
-                    "GPU ms [95%]": _ms(f("median_ms_gpu"), f("ci_low_ms_gpu"), f("ci_high_ms_gpu")),
-                    "host overhead ms": f("median_ms") - f("median_ms_gpu"),
-                    "GPU busy %": 100 * f("gpu_busy_frac") if "gpu_busy_frac" in r else math.nan,
-                    "trials (eager / GPU)": f"{r.get('trials', math.nan):.0f} / {r.get('trials_gpu', math.nan):.0f}",
-                    "stop_reason": r.get("stop_reason", ""), "GPU time from": r["gpu_source"]})  # fmt: skip
+        out.append(
+            {
+                **{k: r[k] for k in keys if k not in ("cuda_graphs",)},
+                "eager ms [95%]": _ms(f("median_ms"), f("ci_low_ms"), f("ci_high_ms")),
+                "GPU ms [95%]": _ms(f("median_ms_gpu"), f("ci_low_ms_gpu"), f("ci_high_ms_gpu")),
+                "host overhead ms": f("median_ms") - f("median_ms_gpu"),
+                "GPU busy %": 100 * f("gpu_busy_frac") if "gpu_busy_frac" in r else math.nan,
+                "trials (eager / GPU)": f"{r.get('trials', math.nan):.0f} / {r.get('trials_gpu', math.nan):.0f}",
+                "stop_reason": r.get("stop_reason", ""),
+                "GPU time from": r["gpu_source"],
+            }
+        )
     return pd.DataFrame(out)
 
 

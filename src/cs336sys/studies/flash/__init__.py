@@ -25,11 +25,11 @@ def _shape(row: Mapping[str, Any]) -> tuple[Any, ...]:
     return row.get("batch_size"), row.get("num_heads"), row.get("seq_len"), row.get("head_dim"), causal
 
 
-def _valid(axes: Axes) -> bool:
+def _valid(axes: Axes, offered: catalog.Catalog) -> bool:
     """Some implementations handle only some shapes and dtypes (their catalog line's ``unsupported``: Triton's tutorial kernel)."""
-    if axes["impl"] not in catalog.names(catalog.FUSED):
+    if axes["impl"] not in offered.names(catalog.FUSED):
         return True  # the schema refuses the name, with the allowed ones
-    return not catalog.lookup(axes["impl"]).why_unsupported(axes["seq_len"], axes["head_dim"], axes["precision"])
+    return not offered.lookup(axes["impl"]).why_unsupported(axes["seq_len"], axes["head_dim"], axes["precision"])
 
 
 STUDY = Study(

@@ -22,9 +22,10 @@ from typing import Any
 import torch
 
 from cs336sys import catalog
-from cs336sys.measure import SEED, budget, memory
+from cs336sys.measure import SEED, memory
 from cs336sys.measure.correctness import check_implementation, check_shape, check_timed_call
 from cs336sys.measure.flops import attention_phase_flops
+from cs336sys.measure.session import Session
 from cs336sys.measure.timing import bench_stats
 from cs336sys.models.attention import resolve
 from cs336sys.models.dtypes import set_matmul_precision
@@ -75,6 +76,7 @@ def _first_call(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def measure(
     device: torch.device,
     context: dict,
+    session: Session,
     *,
     seq_len: int,
     head_dim: int,
@@ -94,9 +96,9 @@ def measure(
     grad_out = torch.randn_like(q)
     context["mode"] = "train"
     with kernel_ctx():
-        with budget.part("warmup"):  # the kernel's compilation and autotuning at this shape
+        with session.part("warmup"):  # the kernel's compilation and autotuning at this shape
             out = _first_call(fn, q, k, v, causal)
-        with budget.part("check"):
+        with session.part("check"):
             shape = check_shape(num_heads, head_dim, lambda n: not line.why_unsupported(n, head_dim, precision))
             check_implementation(impl, fn, shape, precision, causal, device)
         if line.compile:  # the check's shape must not make the timed shape's compilation dynamic
@@ -109,18 +111,23 @@ def measure(
         memory.reset_peak(device)
         grads = (q, k, v)  # cleared between calls: a backward must not time gradient accumulation
         times = {
-            "forward": bench_stats(lambda: fn(q, k, v, is_causal=causal), device, rep_ms=rep_ms),
-            "backward": bench_stats(lambda: out.backward(grad_out, retain_graph=True), device, rep_ms=rep_ms, grad_to_none=grads),
-            "forward_backward": bench_stats(fwd_bwd, device, rep_ms=rep_ms, grad_to_none=grads),
+            "forward": bench_stats(lambda: fn(q, k, v, is_causal=causal), device, session, rep_ms=rep_ms),
+            "backward": bench_stats(lambda: out.backward(grad_out, retain_graph=True), device, session, rep_ms=rep_ms, grad_to_none=grads),
+            "forward_backward": bench_stats(fwd_bwd, device, session, rep_ms=rep_ms, grad_to_none=grads),
         }
         peak = memory.peak_allocated_bytes(device)
         out = None  # the backward's graph goes: this forward runs in the memory a timed one had
-        with budget.part("check"):
+        with session.part("check"):
             check_timed_call(fn, q, k, v, precision, causal)
     flops = attention_phase_flops(batch_size, num_heads, seq_len, head_dim, causal)
     for phase, stats in times.items():
         yield {
-            "mode": "train", "phase": phase, **stats.as_row(), "flops": flops[phase],
-            "batch_size": batch_size, "causal": int(causal), "peak_mem_bytes": peak,  # what the merge recounts FLOPs from
+            "mode": "train",
+            "phase": phase,
+            **stats.as_row(),
+            "flops": flops[phase],
+            "batch_size": batch_size,
+            "causal": int(causal),
+            "peak_mem_bytes": peak,  # what the merge recounts FLOPs from
             "memory_note": "" if device.type == "cuda" else memory.NO_CUDA_REASON,
-        }  # fmt: skip
+        }

@@ -14,11 +14,11 @@ STUDY = Study(
     question="How do exact (eager, SDPA) and Performer attention layers scale with sequence length, with softmax and ReLU kernels?",
     axes=("embed_dim", "num_heads", "seq_len", "variant", "kernel", "num_features"),
     kind="attention-layer",  # a multi-head layer (projections around a core): exact or Performer
-    valid=lambda axes: mha_is_valid(axes["variant"], axes["kernel"]) and axes["embed_dim"] % axes["num_heads"] == 0,
+    valid=lambda axes, offered: mha_is_valid(axes["variant"], axes["kernel"]) and axes["embed_dim"] % axes["num_heads"] == 0,
     why_invalid="variant exact-sdpa has no relu kernel (it is softmax only), and embed_dim must be divisible by num_heads",
     canonical=_canonical,
     # performer cells never run the exact cores: editing models/attention.py leaves them alone (no mha
-    # variant selects a catalog implementation, so no cell hashes our Triton kernels: studies.cell_modules)
+    # variant selects a catalog implementation, so no cell hashes our Triton kernels: pipeline.plan.cell_modules)
     # and exact cells never run Performer's: editing models/performer.py leaves them alone
     runs_impls=lambda axes: [MHA_CORES[axes["variant"]]] if axes["variant"] in MHA_CORES else [],
     optional_modules={

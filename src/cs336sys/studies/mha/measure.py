@@ -10,6 +10,7 @@ import torch
 from cs336sys.measure import SEED, memory
 from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.flops import mha_forward_flops, phase_flops
+from cs336sys.measure.session import Session
 from cs336sys.measure.timing import StepClock, time_steps, timing_rows
 from cs336sys.models.dtypes import autocast, set_matmul_precision
 from cs336sys.models.mha import MultiHeadAttention
@@ -18,6 +19,7 @@ from cs336sys.models.mha import MultiHeadAttention
 def measure(
     device: torch.device,
     context: dict,
+    session: Session,
     *,
     embed_dim: int,
     num_heads: int,
@@ -62,7 +64,7 @@ def measure(
         context["mode"] = mode
         memory.reset_peak(device)
         try:
-            timing = time_steps(step, warmup=warmup_steps, steps=measure_steps, device=device)
+            timing = time_steps(step, session, warmup=warmup_steps, steps=measure_steps, device=device)
         except torch.OutOfMemoryError:
             memory.release(device)
             for done in timed:  # measured before this mode ran out: its rows stay; the runner records the OOM
@@ -73,6 +75,6 @@ def measure(
     # the busy share once nothing more is timed: the profiler slows every later launch (measure.busy)
     for mode, step in steps.items():
         context["mode"] = mode
-        busy = gpu_busy_share(step, device)
-        yield from rows(mode, busy, busy_note(busy, device))
+        busy = gpu_busy_share(step, device, session)
+        yield from rows(mode, busy, busy_note(busy, device, session))
     memory.release(device)

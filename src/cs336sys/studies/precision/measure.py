@@ -21,6 +21,8 @@ import pandas as pd
 import torch
 from torch import nn
 
+from cs336sys.measure.session import Session
+
 EXACT_SUM = 10.0  # 1000 × 0.01
 
 # (case, accumulator dtype, summand dtype, cast summand to the accumulator's dtype first)
@@ -146,8 +148,8 @@ def autocast_dtypes(device: str, dtype: torch.dtype) -> pd.DataFrame:
 PARTS = ("accumulation", "autocast-bf16", "autocast-fp16")
 
 
-def measure(device: torch.device, context: dict, *, part: str):
-    """Cell measurement of the ``precision`` study: one table as rows (kind = part)."""
+def measure(device: torch.device, context: dict, session: Session, *, part: str):
+    """Cell measurement of the ``precision`` study: one table as rows (kind = part); it times nothing (``session``)."""
     context["mode"] = part
     if part == "accumulation":
         table = accumulation_table()

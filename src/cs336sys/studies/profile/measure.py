@@ -17,12 +17,14 @@ import torch
 from cs336sys.measure import memory, profiling
 from cs336sys.measure.busy import busy_note, gpu_busy_share
 from cs336sys.measure.lm_steps import LMCell, lm_steps
+from cs336sys.measure.session import Session
 from cs336sys.measure.timing import StepClock, time_steps
 
 
 def measure(
     device: torch.device,
     context: dict,
+    session: Session,
     *,
     warmup_steps: int,
     measure_steps: int,
@@ -39,10 +41,10 @@ def measure(
     timings = {}
     for mode, step in steps.items():
         context["mode"] = mode
-        timings[mode] = time_steps(step, warmup=warmup_steps, steps=measure_steps, device=device)
-    # every mode timed before any is profiled: the profiler slows each later launch (timing.check_not_profiled).
+        timings[mode] = time_steps(step, session, warmup=warmup_steps, steps=measure_steps, device=device)
+    # every mode timed before any is profiled: the profiler slows each later launch (Session.check_not_profiled).
     # The busy share says whether the timing rows are host-bound (a comparison of two machines needs it).
-    busy = {mode: _busy(step, device) for mode, step in steps.items()}
+    busy = {mode: _busy(step, device, session) for mode, step in steps.items()}
     for mode, timing in timings.items():
         for phase, stats in timing.phases.items():
             yield {
@@ -59,7 +61,7 @@ def measure(
     for mode, step in steps.items():
         context["mode"] = mode
         trace = str(Path(artifact_dir) / f"{cell_id}_{mode}.json.gz") if artifact_dir else None
-        prof = profiling.profile_steps(lambda: step(StepClock(device)), steps=profile_steps, device=device.type, trace_path=trace)
+        prof = profiling.profile_steps(lambda: step(StepClock(device)), session, steps=profile_steps, device=device.type, trace_path=trace)
         ranges, kernels = profiling.events_from_profiler(prof)
         for rec in profiling.attribute_kernels(ranges, kernels).to_dict("records"):
             yield {
@@ -83,11 +85,11 @@ def measure(
         memory.release(device)
 
 
-def _busy(step, device: torch.device) -> tuple[float | None, str]:
+def _busy(step, device: torch.device, session: Session) -> tuple[float | None, str]:
     """The step's GPU busy share and why it is empty; out of memory under the profiler costs only the share."""
     try:
-        share = gpu_busy_share(step, device)
+        share = gpu_busy_share(step, device, session)
     except torch.OutOfMemoryError:
         memory.release(device)
         return None, "not measured: out of memory under the profiler"
-    return share, busy_note(share, device)
+    return share, busy_note(share, device, session)

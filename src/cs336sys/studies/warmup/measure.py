@@ -10,12 +10,14 @@ from typing import Any
 
 import torch
 
+from cs336sys.measure.session import Session
 from cs336sys.studies.e2e import measure as e2e
 
 
 def measure(
     device: torch.device,
     context: dict,
+    session: Session,
     *,
     compile: bool,
     warmup_steps: int,
@@ -23,5 +25,16 @@ def measure(
     modes: Sequence[str],
     **lm: Any,  # the LM settings the four LM studies share: measure.lm_steps.LMCell's fields
 ) -> Iterator[dict[str, Any]]:
-    return e2e.measure(device, context, compile=compile, cuda_graphs=False, warmup_steps=warmup_steps, measure_steps=measure_steps,
-                       block_steps=None, modes=modes, partners=(), **lm)  # fmt: skip
+    return e2e.measure(
+        device,
+        context,
+        session,
+        compile=compile,
+        cuda_graphs=False,
+        warmup_steps=warmup_steps,
+        measure_steps=measure_steps,
+        block_steps=None,
+        modes=modes,
+        partners=(),
+        **lm,
+    )
