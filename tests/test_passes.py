@@ -170,7 +170,7 @@ def test_a_pass_that_shared_the_host_flags_the_merged_row_as_shared():
 def test_a_comparison_pools_with_the_more_host_bound_of_its_two_sides():
     """fp32 (GPU-bound) paired with its launch-bound bf16 partner drifts as the bf16 side does: on a cold H100
     its pass ratios were 2.00 and 1.01, and pooled with GPU-bound comparisons its interval was [0.019, 108]."""
-    from cs336sys.analysis.passes import pair_busy, partner_cell
+    from cs336sys.analysis.drift import pair_busy, partner_cell
 
     base = "size=large_context_length=256_precision=fp32_impl=sdpa_compile=0"
     assert partner_cell(base, "precision=bf16") == "size=large_context_length=256_precision=bf16_impl=sdpa_compile=0"

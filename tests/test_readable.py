@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cs336sys.analysis import plots
+from cs336sys.analysis import long_labels, plots
 from cs336sys.analysis.findings import oom_frontier
 from cs336sys.analysis.markdown import format_number, md_table, readable
 from cs336sys.studies import cell_id
@@ -127,14 +127,14 @@ KERNELS = [PREFIX + "at::native::binary_internal::MulFunctor<float> >, std::arra
 
 
 def test_labels_of_names_sharing_a_long_prefix_stay_distinct_and_short_with_a_legend():
-    labels, legend = plots.short_labels(KERNELS, width=60)
+    labels, legend = long_labels.short_labels(KERNELS, width=60)
     assert len(set(labels)) == 2 and all(len(label) <= 60 for label in labels)
     assert [full for _, full in legend] == KERNELS
     assert "Mul" in labels[0] and "Div" in labels[1]  # each shows where it parts from the other
 
 
 def test_shorten_middle_keeps_both_ends():
-    short = plots.shorten_middle("a" * 40 + "MIDDLE" + "z" * 40, 21)
+    short = long_labels.shorten_middle("a" * 40 + "MIDDLE" + "z" * 40, 21)
     assert short == "a" * 10 + "…" + "z" * 10
 
 
