@@ -23,8 +23,8 @@ def _at(seconds: float) -> str:
 
 
 def _row(cell, start, end, gpu, **extra):
-    return {"study": "e2e", "cell_id": cell, "status": "ok", "started_at": _at(start), "finished_at": _at(end),
-            "gpu_index": gpu, "gpu_uuid": UUID[gpu], "pass_index": 0, **extra}  # fmt: skip
+    span = {"started_at": _at(start), "finished_at": _at(end), "gpu_index": gpu, "gpu_uuid": UUID[gpu]}
+    return {"study": "e2e", "cell_id": cell, "status": "ok", **span, "pass_index": 0, **extra}
 
 
 def _merged_rows() -> pd.DataFrame:
@@ -168,8 +168,8 @@ def test_a_merged_row_names_each_pass_gpu_so_no_cell_file_is_needed():
 def test_the_merge_keeps_each_pass_gpu():
     from cs336sys.analysis.passes import combine_passes
 
-    step = {"study": "e2e", "cell_id": "a", "status": "ok", "mode": "train", "phase": "step", "median_ms": 1.0,
-            "ci_low_ms": 0.9, "ci_high_ms": 1.1, "mean_ms": 1.0, "min_ms": 0.9, "max_ms": 1.1, "std_ms": 0.1, "n": 5}  # fmt: skip
+    times = {"median_ms": 1.0, "ci_low_ms": 0.9, "ci_high_ms": 1.1, "mean_ms": 1.0, "min_ms": 0.9, "max_ms": 1.1, "std_ms": 0.1, "n": 5}
+    step = {"study": "e2e", "cell_id": "a", "status": "ok", "mode": "train", "phase": "step", **times}
     rows = pd.DataFrame([{**step, **_row("a", 0, 40, 0)}, {**step, **_row("a", 52, 97, 1, pass_index=1)}])
     merged = combine_passes(rows).iloc[0]
     assert merged["pass_gpu_uuid"] == f"{UUID[0]};{UUID[1]}" and merged["pass_gpu_index"] == "0;1"

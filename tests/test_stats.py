@@ -286,13 +286,17 @@ def test_merge_flags_rows_noisy_host_bound_and_throttled():
 
     from cs336sys.analysis.metrics import add_flags
 
-    rows = pd.DataFrame({
-        "median_ms": [10.0, 10.0, 10.0], "ci_low_ms": [9.9, 8.0, 9.9], "ci_high_ms": [10.1, 12.0, 10.1],
+    columns = {
+        "median_ms": [10.0, 10.0, 10.0],
+        "ci_low_ms": [9.9, 8.0, 9.9],
+        "ci_high_ms": [10.1, 12.0, 10.1],
         "gpu_busy_frac": [0.95, 0.5, None],
-        "start_throttle_reasons": ["gpu_idle", "none", "sw_power_cap"], "end_throttle_reasons": ["none", "gpu_idle", "none"],
-        "end_sm_clock_mhz": [1980, 900, 1980], "max_sm_clock_mhz": [1980, 1980, 1980],
-    })  # fmt: skip
-    out = add_flags(rows)
+        "start_throttle_reasons": ["gpu_idle", "none", "sw_power_cap"],
+        "end_throttle_reasons": ["none", "gpu_idle", "none"],
+        "end_sm_clock_mhz": [1980, 900, 1980],
+        "max_sm_clock_mhz": [1980, 1980, 1980],
+    }
+    out = add_flags(pd.DataFrame(columns))
     assert out["noisy"].tolist() == [False, True, False]
     assert out["host_bound"].tolist()[:2] == [False, True] and pd.isna(out["host_bound"].iloc[2])  # unmeasured: empty
     assert out["throttled"].tolist() == [False, False, True]  # idle between launches is not throttling
