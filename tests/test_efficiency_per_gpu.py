@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from cs336sys.runs.efficiency import sweep_efficiency, sweep_summary
-from cs336sys.runs.gpu_use import per_gpu_line, per_gpu_table, wall_time_ratio
+from cs336sys.runs.gpu_use import per_gpu_line, per_gpu_table
 from cs336sys.runs.report import write_report
 
 T0 = pd.Timestamp("2026-01-01T00:00:00+00:00")
@@ -119,15 +119,6 @@ def test_a_failed_pass_is_its_own_job():
     failed = [_row("a", 0, 10, 0, status="oom"), _row("a", 90, 100, 0, status="oom", pass_index=1)]
     table = dict(sweep_efficiency({"e2e": pd.DataFrame([ok, *failed])}).itertuples(index=False))
     assert table["time inside measuring processes"] == "20.0 s (20% of the span)"  # not 10 + 100 s
-
-
-def test_wall_time_ratio_of_two_runs():
-    one = sweep_summary({"e2e": pd.DataFrame([_row("a", 0, 100, 0), _row("b", 100, 200, 0)])})
-    two = sweep_summary({"e2e": pd.DataFrame([_row("a", 0, 100, 0), _row("b", 0, 120, 1)])})
-    assert (
-        wall_time_ratio(one, two)
-        == "2 GPUs: 0.60× the wall time of 1 GPU (120 s vs 200 s, first cell start to last cell end), 1.67× the speed"
-    )
 
 
 # the report: a study whose report module needs no timing columns (the precision study's rows)
