@@ -28,8 +28,8 @@ def other_user():
             pytest.fail(reason)
         pytest.skip(reason)
     name = f"cs336x{os.getpid() % 100000}"
-    made = subprocess.run(["useradd", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
-                           "--user-group", name], capture_output=True, text=True)  # fmt: skip
+    add = ["useradd", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", "--user-group", name]
+    made = subprocess.run(add, capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
     try:
         yield pwd.getpwnam(name)

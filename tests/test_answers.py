@@ -204,16 +204,22 @@ def test_profile_answers_skip_a_largest_cell_whose_training_step_ran_out_of_memo
 
 def _synthetic_e2e(path: Path) -> Path:
     """Two sizes, fp32 and bf16 training steps with intervals: small's overlap, large's do not."""
-    times = {("small", "fp32"): (10.0, 9.0, 12.0), ("small", "bf16"): (9.5, 8.5, 11.0),
-             ("large", "fp32"): (20.0, 19.5, 20.5), ("large", "bf16"): (10.0, 9.8, 10.2)}  # fmt: skip
+    times = {
+        ("small", "fp32"): (10.0, 9.0, 12.0),
+        ("small", "bf16"): (9.5, 8.5, 11.0),
+        ("large", "fp32"): (20.0, 19.5, 20.5),
+        ("large", "bf16"): (10.0, 9.8, 10.2),
+    }
     rows = []
     for (size, precision), (median, low, high) in times.items():
         cell = f"size={size}_context_length=128_precision={precision}_impl=eager_compile=0_cuda_graphs=0"
         for phase, share in (("step", 1.0), ("forward", 0.3), ("backward", 0.6)):
-            rows.append(dict(study="e2e", cell_id=cell, status="ok", error="", size=size, context_length=128, precision=precision,
-                             impl="eager", compile=0, cuda_graphs=0, mode="train", phase=phase, median_ms=median * share,
-                             ci_low_ms=low * share, ci_high_ms=high * share, mean_ms=median * share, std_ms=0.1, n=30, trials=3,
-                             ci_rel=(high - low) / 2 / median, noisy=False, host_bound=False, batch_size=4, device_name="Test GPU"))  # fmt: skip
+            axes = dict(size=size, context_length=128, precision=precision, impl="eager", compile=0, cuda_graphs=0)
+            timing = dict(median_ms=median * share, ci_low_ms=low * share, ci_high_ms=high * share, mean_ms=median * share, std_ms=0.1)
+            flags = dict(
+                n=30, trials=3, ci_rel=(high - low) / 2 / median, noisy=False, host_bound=False, batch_size=4, device_name="Test GPU"
+            )
+            rows.append(dict(study="e2e", cell_id=cell, status="ok", error="", **axes, mode="train", phase=phase, **timing, **flags))
     pd.DataFrame(rows).to_csv(path, index=False)
     return path
 
@@ -268,7 +274,7 @@ def test_reduced_grids_still_answer_every_question(tmp_path, run, pick):
 
 
 def test_flash_answer_compares_ours_with_pytorch_not_with_the_tutorial_kernel():
-    from cs336sys.handout.answers_attention import answers_13
+    from cs336sys.handout.answers_flash import answers_13
 
     shape = dict(seq_len=1024, head_dim=64, precision="bf16", num_heads=1, phase="forward", status="ok", device_name="GPU")
     times = {"triton": 10.0, "tutorial": 8.0, "sdpa-flash": 12.0}  # ours beats PyTorch's; the tutorial beats ours

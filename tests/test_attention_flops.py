@@ -60,16 +60,19 @@ def _flash_rows(causal: bool | None) -> list[dict]:
     """A flash cell's three rows as a run before the convention changed wrote them (``causal`` absent then)."""
     fwd = FORWARD * (0.5 if causal in (None, True) else 1.0)
     extra = {} if causal is None else {"causal": int(causal)}
-    return [{"mode": "train", "phase": p, "median_ms": MS[p], "flops": OLD[p] * fwd, "batch_size": 2, **extra}
-            for p in ("forward", "backward", "forward_backward")]  # fmt: skip
+    return [
+        {"mode": "train", "phase": p, "median_ms": MS[p], "flops": OLD[p] * fwd, "batch_size": 2, **extra}
+        for p in ("forward", "backward", "forward_backward")
+    ]
 
 
 def test_a_merge_recounts_old_flash_rows_and_keeps_their_times(tmp_path):
     axes = {"seq_len": 128, "head_dim": 64, "precision": "bf16", "impl": "triton", "num_heads": 3}
-    paths = _cell_files(tmp_path, "flash", [
+    cells = [
         (axes, _flash_rows(None)),  # before flash rows said: every committed flash run was causal
         ({**axes, "impl": "sdpa-flash"}, _flash_rows(False)),
-    ])  # fmt: skip
+    ]
+    paths = _cell_files(tmp_path, "flash", cells)
     merged = merge_cells(paths, "flash")
     for impl, half in (("triton", 0.5), ("sdpa-flash", 1.0)):
         rows = merged[merged["impl"] == impl].set_index("phase")
@@ -86,8 +89,10 @@ def test_a_merge_recounts_old_flash_rows_and_keeps_their_times(tmp_path):
 
 def test_a_merge_recounts_attention_rows_from_their_axes(tmp_path):
     axes = {"d_model": 64, "seq_len": 128, "activation": "softmax", "impl": "eager", "causal": 1, "precision": "fp32"}
-    rows = [{"mode": "train", "phase": p, "median_ms": MS[p], "flops": OLD[p] * FORWARD / 2, "batch_size": 6}
-            for p in ("forward", "backward", "step")]  # fmt: skip
+    rows = [
+        {"mode": "train", "phase": p, "median_ms": MS[p], "flops": OLD[p] * FORWARD / 2, "batch_size": 6}
+        for p in ("forward", "backward", "step")
+    ]
     merged = merge_cells(_cell_files(tmp_path, "attention", [(axes, rows)]), "attention").set_index("phase")
     for phase in ("forward", "backward", "step"):  # batch 6 × 1 head = 2 × 3 heads, causal: half of HAND
         assert merged.loc[phase, "flops"] == pytest.approx(0.5 * HAND[phase], rel=1e-12), phase
@@ -152,6 +157,6 @@ def test_the_flash_and_attention_measurements_write_the_new_count():
     )
     assert {r["phase"]: r["flops"] for r in rows} == {p: HAND[p] for p in ("forward", "backward", "forward_backward")}
     assert {r["causal"] for r in rows} == {0}  # so a re-merge need not guess it
-    rows = list(attention(cpu, {}, Session(), **cell_kwargs("attention", d_model=64, seq_len=128, activation="softmax", impl="eager", causal=1, precision="fp32",
-                                                 batch_size=6, warmup_steps=1, measure_steps=2)))  # fmt: skip
+    axes = dict(d_model=64, seq_len=128, activation="softmax", impl="eager", causal=1, precision="fp32")
+    rows = list(attention(cpu, {}, Session(), **cell_kwargs("attention", **axes, batch_size=6, warmup_steps=1, measure_steps=2)))
     assert {r["phase"]: r["flops"] for r in rows if r["phase"] in HAND} == {p: 0.5 * HAND[p] for p in ("forward", "backward", "step")}

@@ -82,6 +82,7 @@ def _assert_names(message: str, *expected: str) -> None:
 # ---------------------------------------------------------------- config dicts: (path, value, texts the message must hold)
 # Each starts from the CPU demo (config.yaml + config/cpu-demo.yaml) and breaks one thing. The first text
 # names the key; the others name what is allowed (the bound, the choices, the rule).
+# One case a line, a table to scan (hence `fmt: skip` on its last line), as PRESET_CASES and CLI_CASES.
 CONFIG_CASES = {
     # non-finite numbers: JSON-schema bounds are False for NaN, so the schema needs its own check
     "timeout-nan": ("e2e.timeout_s", NAN, ["'e2e.timeout_s'", "not a finite number", "a number > 0"]),
@@ -178,6 +179,7 @@ def test_bad_config_is_rejected_naming_key_and_what_is_allowed(demo_config, case
 
 
 # ---------------------------------------------------------------- preset files: (YAML text, texts the message must hold)
+# one case a line, a table to scan
 PRESET_CASES = {
     "duplicate-top-level-block": ("e2e:\n  batch_size: 2\nmha:\n  batch_size: 1\ne2e:\n  measure_steps: 3\n",
                                   ["bad.yaml:5:", "'e2e' is given twice", "first on line 1"]),
@@ -263,6 +265,7 @@ def files(tmp_path):
     return out
 
 
+# (argv, texts the message must hold), one case a line, a table to scan
 CLI_CASES = {
     "timeout-nan": (["e2e", "--timeout", "nan"], ["--timeout", "positive number of seconds", "got nan"]),
     "timeout-negative": (["e2e", "--timeout", "-5"], ["--timeout", "positive number of seconds", "got -5"]),

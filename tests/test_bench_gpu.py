@@ -14,13 +14,13 @@ from cs336sys.studies.memory.measure import measure as measure_memory
 from cs336sys.studies.profile.measure import measure as measure_profile
 
 TINY = {"tiny": {"d_model": 64, "d_ff": 128, "num_layers": 2, "num_heads": 4}}
+LM = dict(size="tiny", context_length=64, precision="fp32", batch_size=2, vocab_size=100, extra_sizes=TINY)
 
 
 @pytest.mark.gpu
 def test_memory_cell_rows_on_cuda(tmp_path):
-    rows = pd.DataFrame(measure_memory(torch.device("cuda"), {}, Session(), **cell_kwargs("memory", size="tiny", context_length=64, precision="fp32",
-                                                                               mode="train", batch_size=2, vocab_size=100, extra_sizes=TINY,
-                                                                               artifact_dir=str(tmp_path), cell_id="tiny")))  # fmt: skip
+    kwargs = cell_kwargs("memory", **LM, mode="train", artifact_dir=str(tmp_path), cell_id="tiny")
+    rows = pd.DataFrame(measure_memory(torch.device("cuda"), {}, Session(), **kwargs))
     summary = rows[rows["kind"] == "summary"].iloc[0]
     assert summary["peak_mem_bytes"] >= summary["mem_before_bwd_bytes"] > 0
     assert summary["residual_activation_bytes"] == 2 * 64 * 64 * 4
@@ -32,9 +32,9 @@ def test_memory_cell_rows_on_cuda(tmp_path):
 
 @pytest.mark.gpu
 def test_profile_cell_rows_on_cuda(tmp_path):
-    rows = pd.DataFrame(measure_profile(torch.device("cuda"), {}, Session(), **cell_kwargs("profile", size="tiny", context_length=64, precision="fp32",
-                                                                                warmup_steps=1, measure_steps=2, profile_steps=2, batch_size=2, vocab_size=100,
-                                                                                extra_sizes=TINY, artifact_dir=str(tmp_path), cell_id="tiny")))  # fmt: skip
+    steps = dict(warmup_steps=1, measure_steps=2, profile_steps=2)
+    kwargs = cell_kwargs("profile", **LM, **steps, artifact_dir=str(tmp_path), cell_id="tiny")
+    rows = pd.DataFrame(measure_profile(torch.device("cuda"), {}, Session(), **kwargs))
     kernels = rows[(rows["kind"] == "kernel") & (rows["mode"] == "train")]
     assert {"forward", "backward", "optimizer_step"} <= set(kernels["phase"])
     shares = kernels.groupby("phase")["share_of_phase"].sum()

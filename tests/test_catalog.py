@@ -303,8 +303,8 @@ def test_the_catalog_imports_without_torch():
 
 
 def _toy(name: str = "scratch-toy", **changes) -> catalog.Impl:
-    fields = dict(name=name, family="ours", module="cs336sys.models.attention", entry={"softmax": "softmax_attention"},
-                  kinds=(catalog.CORE, catalog.FUSED), about="a toy")  # fmt: skip
+    entry, kinds = {"softmax": "softmax_attention"}, (catalog.CORE, catalog.FUSED)
+    fields = dict(name=name, family="ours", module="cs336sys.models.attention", entry=entry, kinds=kinds, about="a toy")
     return catalog.Impl(**{**fields, **changes})
 
 
@@ -359,8 +359,13 @@ def test_a_registered_implementation_is_offered_dispatched_and_hashed(scratch_ca
 # What each cell hashed of these modules before the catalog derived the optional modules (captured by
 # running the per-study `optional_modules` rules of a9427d7 over every cell of config/full.yaml, and
 # over one cell per schema implementation of each study): study:impl (or mha's variant) → modules.
-WATCHED = ("cs336sys.models.attention", "cs336sys.models.triton_attention", "cs336sys.models.triton_tutorial_attention",
-           "cs336sys.models.performer", "cs336sys.models.variants")  # fmt: skip
+WATCHED = (
+    "cs336sys.models.attention",
+    "cs336sys.models.triton_attention",
+    "cs336sys.models.triton_tutorial_attention",
+    "cs336sys.models.performer",
+    "cs336sys.models.variants",
+)
 _CORES = ("cs336sys.models.attention", "cs336sys.models.variants")
 _OURS = ("cs336sys.models.attention", "cs336sys.models.triton_attention", "cs336sys.models.variants")
 BEFORE = {

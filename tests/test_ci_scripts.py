@@ -46,8 +46,8 @@ def test_gpu_run_keeps_its_packages_and_bytecode_out_of_tmp(tmp_path):
     (site / f".installed-{stamp}").touch()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"} | {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     script = REPO / "ci" / "gpu-run.sh"
-    out = subprocess.run(["bash", str(script), "bash", "-c", 'echo "$PYTHONPATH|$PYTHONPYCACHEPREFIX"'], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    show = ["bash", str(script), "bash", "-c", 'echo "$PYTHONPATH|$PYTHONPYCACHEPREFIX"']
+    out = subprocess.run(show, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     site, cache = out.stdout.strip().split("|")
     assert site.startswith(f"{tmp_path}/cache/cs336sys-gpu/site:") and cache == f"{tmp_path}/cache/cs336sys-gpu/pycache"
@@ -55,6 +55,6 @@ def test_gpu_run_keeps_its_packages_and_bytecode_out_of_tmp(tmp_path):
     planted.mkdir(mode=0o777)
     (tmp_path / "cache2").mkdir()
     (tmp_path / "cache2" / "cs336sys-gpu").symlink_to(planted)
-    refused = subprocess.run(["bash", str(script), "true"], cwd=tmp_path, env={**env, "XDG_CACHE_HOME": str(tmp_path / "cache2")},
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    env = {**env, "XDG_CACHE_HOME": str(tmp_path / "cache2")}
+    refused = subprocess.run(["bash", str(script), "true"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "is not this account's own folder" in refused.stderr

@@ -8,14 +8,21 @@ import pytest
 from cs336sys import columns as C
 from cs336sys.analysis.passes import UndeclaredColumnError, combine_passes
 
+SAME = {"study": "e2e", "cell_id": "c", "status": "ok", "mode": "train", "phase": "step", "n": 3, "size": "small"}
+# the columns whose two passes differ: (pass 0's value, pass 1's value)
+DIFFER = {
+    "median_ms": (10.0, 12.0),
+    "samples_ms": ("9;10;11", "11;12;13"),
+    "stop_reason": ("budget", "target"),
+    "peak_mem_bytes": (100, 120),
+    "gpu_wait_s": (1.0, 2.0),
+    "end_sm_clock_mhz": (1980, 1700),
+    "finished_at": ("t0", "t1"),
+}
+
 
 def _passes(**extra) -> pd.DataFrame:
-    base = {"study": "e2e", "cell_id": "c", "status": "ok", "mode": "train", "phase": "step", "median_ms": 10.0,
-            "samples_ms": "9;10;11", "n": 3, "stop_reason": "budget", "peak_mem_bytes": 100, "gpu_wait_s": 1.0,
-            "end_sm_clock_mhz": 1980, "finished_at": "t0", "size": "small"}  # fmt: skip
-    second = {**base, "median_ms": 12.0, "samples_ms": "11;12;13", "stop_reason": "target", "peak_mem_bytes": 120,
-              "gpu_wait_s": 2.0, "end_sm_clock_mhz": 1700, "finished_at": "t1"}  # fmt: skip
-    rows = [{**base, "pass_index": 0}, {**second, "pass_index": 1}]
+    rows = [{**SAME, **{c: v[k] for c, v in DIFFER.items()}, "pass_index": k} for k in (0, 1)]
     return pd.DataFrame([{**r, **extra} for r in rows])
 
 

@@ -166,10 +166,10 @@ def _flash() -> list[str]:
 
 def _compare() -> list[str]:
     cmp = _read("report/compare/h200-vs-h100/compare.csv")
-    softmax = _one(cmp, study="attention", cell_id="d_model=64_seq_len=16384_activation=softmax_impl=eager_causal=1_precision=fp32",
-                   mode="train", phase="step")  # fmt: skip
-    graphs = _one(cmp, study="e2e", cell_id="size=large_context_length=256_precision=bf16_impl=sdpa_compile=0_cuda_graphs=1",
-                  mode="train", phase="step")  # fmt: skip
+    softmax_cell = "d_model=64_seq_len=16384_activation=softmax_impl=eager_causal=1_precision=fp32"
+    softmax = _one(cmp, study="attention", cell_id=softmax_cell, mode="train", phase="step")
+    graphs_cell = "size=large_context_length=256_precision=bf16_impl=sdpa_compile=0_cuda_graphs=1"
+    graphs = _one(cmp, study="e2e", cell_id=graphs_cell, mode="train", phase="step")
     mha = cmp[(cmp["study"] == "mha") & (cmp["verdict"] == "slower")]
     flash = cmp[cmp["study"] == "flash"]
     return [

@@ -17,18 +17,33 @@ from cs336sys.studies.e2e.report import describe_config, fastest_per_size, findi
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def _row(size="xl", ctx=512, mode="train", precision="bf16", impl="sdpa", compile=0, graphs=0, ms=100.0, low=None, high=None,
-         status="ok", phase="step", device=H100):  # fmt: skip
+def _row(
+    size="xl",
+    ctx=512,
+    mode="train",
+    precision="bf16",
+    impl="sdpa",
+    compile=0,
+    graphs=0,
+    ms=100.0,
+    low=None,
+    high=None,
+    status="ok",
+    phase="step",
+    device=H100,
+):
     """One merged e2e row; the interval defaults to ±1% of the median."""
     low = ms * 0.99 if low is None else low
     high = ms * 1.01 if high is None else high
-    failed = status != "ok"
+    failed, nan = status != "ok", float("nan")
     cell = f"size={size}_context_length={ctx}_precision={precision}_impl={impl}_compile={compile}_cuda_graphs={graphs}"
-    return dict(study="e2e", cell_id=cell, status=status, error="CUDA out of memory" if failed else "", size=size,
-                context_length=ctx, precision=precision, impl=impl, compile=compile, cuda_graphs=graphs, mode=mode,
-                phase=phase, median_ms=float("nan") if failed else ms, ci_low_ms=float("nan") if failed else low,
-                ci_high_ms=float("nan") if failed else high, mean_ms=ms, std_ms=0.1, n=30, trials=3, flops=4e13,
-                tokens=2048, batch_size=4, optimizer="fused-capturable" if graphs else "course", device_name=device)  # fmt: skip
+    error = "CUDA out of memory" if failed else ""
+    axes = dict(size=size, context_length=ctx, precision=precision, impl=impl, compile=compile, cuda_graphs=graphs)
+    interval = dict(median_ms=nan if failed else ms, ci_low_ms=nan if failed else low, ci_high_ms=nan if failed else high)
+    rest = dict(mean_ms=ms, std_ms=0.1, n=30, trials=3, flops=4e13, tokens=2048, batch_size=4)
+    optimizer = "fused-capturable" if graphs else "course"
+    head = dict(study="e2e", cell_id=cell, status=status, error=error)
+    return dict(head, **axes, mode=mode, phase=phase, **interval, **rest, optimizer=optimizer, device_name=device)
 
 
 def _frame(*rows: dict) -> pd.DataFrame:

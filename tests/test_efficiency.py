@@ -39,7 +39,11 @@ def test_no_timestamps_no_table():
 def test_warm_up_and_timed_steps_counted_once_per_mode():
     # rows of one mode (its phases) share the mode's warm-up and timed seconds: counted once
     rows = _rows().loc[[0, 0, 0, 1]].reset_index(drop=True)
-    rows = rows.assign(mode=["inference", "train", "train", "train"], phase=["step", "step", "forward", "step"],
-                       warmup_s=[1.0, 2.0, 2.0, 0.5], timed_s=[3.0, 4.0, 4.0, 1.5])  # fmt: skip
+    rows = rows.assign(
+        mode=["inference", "train", "train", "train"],
+        phase=["step", "step", "forward", "step"],
+        warmup_s=[1.0, 2.0, 2.0, 0.5],
+        timed_s=[3.0, 4.0, 4.0, 1.5],
+    )
     table = dict(sweep_efficiency({"e2e": rows}).itertuples(index=False))
     assert table[next(k for k in table if k.startswith("of which warm-up"))] == "12.0 s (55% of the span)"  # span 22 s

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from cs336sys.runs.efficiency import sweep_efficiency, sweep_summary
-from cs336sys.runs.gpu_use import per_gpu_line, per_gpu_table, wall_time_ratio
+from cs336sys.runs.gpu_use import per_gpu_line, per_gpu_table
 from cs336sys.runs.report import write_report
 
 T0 = pd.Timestamp("2026-01-01T00:00:00+00:00")
@@ -23,8 +23,8 @@ def _at(seconds: float) -> str:
 
 
 def _row(cell, start, end, gpu, **extra):
-    return {"study": "e2e", "cell_id": cell, "status": "ok", "started_at": _at(start), "finished_at": _at(end),
-            "gpu_index": gpu, "gpu_uuid": UUID[gpu], "pass_index": 0, **extra}  # fmt: skip
+    span = {"started_at": _at(start), "finished_at": _at(end), "gpu_index": gpu, "gpu_uuid": UUID[gpu]}
+    return {"study": "e2e", "cell_id": cell, "status": "ok", **span, "pass_index": 0, **extra}
 
 
 def _merged_rows() -> pd.DataFrame:
@@ -121,15 +121,6 @@ def test_a_failed_pass_is_its_own_job():
     assert table["time inside measuring processes"] == "20.0 s (20% of the span)"  # not 10 + 100 s
 
 
-def test_wall_time_ratio_of_two_runs():
-    one = sweep_summary({"e2e": pd.DataFrame([_row("a", 0, 100, 0), _row("b", 100, 200, 0)])})
-    two = sweep_summary({"e2e": pd.DataFrame([_row("a", 0, 100, 0), _row("b", 0, 120, 1)])})
-    assert (
-        wall_time_ratio(one, two)
-        == "2 GPUs: 0.60× the wall time of 1 GPU (120 s vs 200 s, first cell start to last cell end), 1.67× the speed"
-    )
-
-
 # the report: a study whose report module needs no timing columns (the precision study's rows)
 def _write(tmp_path, rows: pd.DataFrame):
     results = tmp_path / "results" / "r"
@@ -168,8 +159,8 @@ def test_a_merged_row_names_each_pass_gpu_so_no_cell_file_is_needed():
 def test_the_merge_keeps_each_pass_gpu():
     from cs336sys.analysis.passes import combine_passes
 
-    step = {"study": "e2e", "cell_id": "a", "status": "ok", "mode": "train", "phase": "step", "median_ms": 1.0,
-            "ci_low_ms": 0.9, "ci_high_ms": 1.1, "mean_ms": 1.0, "min_ms": 0.9, "max_ms": 1.1, "std_ms": 0.1, "n": 5}  # fmt: skip
+    times = {"median_ms": 1.0, "ci_low_ms": 0.9, "ci_high_ms": 1.1, "mean_ms": 1.0, "min_ms": 0.9, "max_ms": 1.1, "std_ms": 0.1, "n": 5}
+    step = {"study": "e2e", "cell_id": "a", "status": "ok", "mode": "train", "phase": "step", **times}
     rows = pd.DataFrame([{**step, **_row("a", 0, 40, 0)}, {**step, **_row("a", 52, 97, 1, pass_index=1)}])
     merged = combine_passes(rows).iloc[0]
     assert merged["pass_gpu_uuid"] == f"{UUID[0]};{UUID[1]}" and merged["pass_gpu_index"] == "0;1"

@@ -95,8 +95,9 @@ TINY = {"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2}}
 def test_cpu_rows_have_the_energy_columns_empty_with_a_reason():
     from cs336sys.studies.e2e.measure import measure
 
-    rows = list(measure(CPU, {}, Session(), **cell_kwargs("e2e", size="tiny", context_length=8, precision="fp32", batch_size=2, vocab_size=100,
-                                               warmup_steps=1, measure_steps=2, extra_sizes=TINY, partners=({"cuda_graphs": True}, {"precision": "bf16"}))))  # fmt: skip
+    lm = dict(size="tiny", context_length=8, precision="fp32", batch_size=2, vocab_size=100, extra_sizes=TINY)
+    partners = ({"cuda_graphs": True}, {"precision": "bf16"})
+    rows = list(measure(CPU, {}, Session(), **cell_kwargs("e2e", **lm, warmup_steps=1, measure_steps=2, partners=partners)))
     timed = [r for r in rows if r.get("kind") != "pair" and "median_ms" in r]
     assert timed
     for r in timed:
@@ -117,11 +118,13 @@ def test_the_cpu_demos_merged_rows_carry_empty_energy_with_a_reason(finished_dem
 
 
 def _row(pass_index, samples_j, phase=STEP, **extra):
-    return {"study": "e2e", "cell_id": "c1", "status": "ok", "mode": "train", "phase": phase, "median_ms": 100.0 + pass_index,
-            "ci_low_ms": 99.0, "ci_high_ms": 102.0, "mean_ms": 100.0, "std_ms": 1.0, "min_ms": 99.0, "max_ms": 102.0, "samples_ms": "", "trial_medians_ms": f"{100.0 + pass_index}",
-            "n": 10, "pass_index": pass_index, "energy_j": float(np.median(samples_j)) if samples_j else None,
-            "energy_samples_j": ";".join(f"{x:g}" for x in samples_j), "avg_power_w": 300.0 + 10 * pass_index,
-            "energy_source": COUNTER if samples_j else "", **extra}  # fmt: skip
+    median = 100.0 + pass_index
+    head = {"study": "e2e", "cell_id": "c1", "status": "ok", "mode": "train", "phase": phase, "median_ms": median}
+    spread = {"ci_low_ms": 99.0, "ci_high_ms": 102.0, "mean_ms": 100.0, "std_ms": 1.0, "min_ms": 99.0, "max_ms": 102.0}
+    steps = {"samples_ms": "", "trial_medians_ms": f"{median}", "n": 10, "pass_index": pass_index}
+    energy_j = float(np.median(samples_j)) if samples_j else None
+    meter = {"energy_j": energy_j, "energy_samples_j": ";".join(f"{x:g}" for x in samples_j), "avg_power_w": 300.0 + 10 * pass_index}
+    return {**head, **spread, **steps, **meter, "energy_source": COUNTER if samples_j else "", **extra}
 
 
 def test_passes_pool_their_per_block_samples():
@@ -152,6 +155,7 @@ def test_phase_rows_keep_their_reason_through_the_fold():
 
 
 def test_tokens_per_joule_for_the_rows_of_lm_studies_only():
+    # one row a line, a table to read down (hence fmt: skip)
     df = pd.DataFrame(
         [
             {"study": "e2e", "batch_size": 4, "context_length": 256, "tokens": 1024, "energy_j": 2.0, "energy_ci_low_j": 1.6, "energy_ci_high_j": 2.5},
@@ -180,10 +184,10 @@ def test_tokens_per_joule_for_the_rows_of_lm_studies_only():
 
 
 def _e2e_step(size, precision, energy_j=None, low=None, high=None, **extra):
-    return {"study": "e2e", "cell_id": f"size={size}_precision={precision}", "status": "ok", "kind": "", "size": size,
-            "context_length": 256, "precision": precision, "impl": "sdpa", "compile": 0, "cuda_graphs": 0, "mode": "train",
-            "phase": STEP, "median_ms": 100.0, "ci_low_ms": 99.0, "ci_high_ms": 101.0, "batch_size": 4, "tokens": 1024,
-            "energy_j": energy_j, "energy_ci_low_j": low, "energy_ci_high_j": high, **extra}  # fmt: skip
+    cell = {"study": "e2e", "cell_id": f"size={size}_precision={precision}", "status": "ok", "kind": ""}
+    axes = {"size": size, "context_length": 256, "precision": precision, "impl": "sdpa", "compile": 0, "cuda_graphs": 0}
+    step = {"mode": "train", "phase": STEP, "median_ms": 100.0, "ci_low_ms": 99.0, "ci_high_ms": 101.0, "batch_size": 4, "tokens": 1024}
+    return {**cell, **axes, **step, "energy_j": energy_j, "energy_ci_low_j": low, "energy_ci_high_j": high, **extra}
 
 
 def test_the_e2e_report_shows_j_per_step_watts_and_tokens_per_joule():
@@ -220,8 +224,8 @@ def test_the_comparison_shows_both_runs_j_per_step_and_their_ratio(tmp_path):
 
     env = {"device_name": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-a"}
     a = [_e2e_step("small", "bf16", 2.0, 1.8, 2.2, **env), _e2e_step("large", "bf16", 5.0, **env)]
-    b = [_e2e_step("small", "bf16", 1.5, 1.2, 1.6, **{**env, "device_name": "NVIDIA H200", "gpu_uuid": "GPU-b"}),
-         _e2e_step("large", "bf16", 4.0, **{**env, "device_name": "NVIDIA H200", "gpu_uuid": "GPU-b"})]  # fmt: skip
+    h200 = {**env, "device_name": "NVIDIA H200", "gpu_uuid": "GPU-b"}
+    b = [_e2e_step("small", "bf16", 1.5, 1.2, 1.6, **h200), _e2e_step("large", "bf16", 4.0, **h200)]
     for name, rows in (("a", a), ("b", b)):
         (tmp_path / name).mkdir()
         pd.DataFrame(rows).to_csv(tmp_path / name / "e2e.csv", index=False)
@@ -260,9 +264,9 @@ def test_energy_check_s_window_reads_the_counter_at_its_two_ends_only():
 def test_energy_check_passes_a_workload_within_3_percent_and_2_percent_of_cost():
     from cs336sys.measure.energy_check import table, verdict
 
-    row = {"workload": "small bf16 inference", "step_ms": 3.1, "window_j": 2.78, "pipeline_j": 2.80, "pipeline_low_j": 2.7,
-           "pipeline_high_j": 2.9, "ratio": 2.80 / 2.78, "window_w": 880.0, "smi_w": None, "read_ms": 2.8, "read_p90_ms": 5.6,
-           "cost": 1.012, "cost_low": 0.995, "cost_high": 1.03}  # fmt: skip
+    row = {"workload": "small bf16 inference", "step_ms": 3.1, "window_j": 2.78, "pipeline_j": 2.80, "pipeline_low_j": 2.7}
+    row |= {"pipeline_high_j": 2.9, "ratio": 2.80 / 2.78, "window_w": 880.0, "smi_w": None, "read_ms": 2.8, "read_p90_ms": 5.6}
+    row |= {"cost": 1.012, "cost_low": 0.995, "cost_high": 1.03}
     assert verdict(row) == "ok"
     assert verdict({**row, "ratio": 1.031}) == verdict({**row, "cost": 1.021}) == verdict({**row, "ratio": None}) == "FAIL"
     lines = table([row]).splitlines()

@@ -27,31 +27,17 @@ def _attention_rows():
     rows = []
     for impl, keeps in (("eager", 1.0), ("triton", 0.0)):
         for seq in (1024, 4096, 16384, 32768):
-            cell = f"seq_len={seq}_impl={impl}"
+            cell = dict(cell_id=f"seq_len={seq}_impl={impl}", seq_len=seq, impl=impl, activation="softmax", d_model=64, causal=1)
             if impl == "eager" and seq == 32768:
-                rows.append(
-                    dict(
-                        cell_id=cell,
-                        seq_len=seq,
-                        impl=impl,
-                        activation="softmax",
-                        d_model=64,
-                        causal=1,
-                        precision="fp32",
-                        mode="train",
-                        phase=None,
-                        status="oom",
-                        error="CUDA out of memory",
-                    )
-                )
+                rows.append(dict(cell, precision="fp32", mode="train", phase=None, status="oom", error="CUDA out of memory"))
                 continue
-            lxl = 8 * seq * seq * 4
+            lxl, out = 8 * seq * seq * 4, 8 * seq * 64 * 4
+            memory = dict(
+                peak_mem_bytes=1e6 + keeps * lxl + 100 * seq, mem_before_fwd_bytes=1e6, mem_before_bwd_bytes=1e6 + out + keeps * lxl
+            )
             for phase, ms in (("forward", seq**2 * 1e-7), ("backward", 2 * seq**2 * 1e-7), ("step", 3 * seq**2 * 1e-7)):
-                rows.append(dict(cell_id=cell, seq_len=seq, impl=impl, activation="softmax", d_model=64, causal=1, precision="fp32",
-                                 mode="train", phase=phase, status="ok", error="", median_ms=ms,
-                                 peak_mem_bytes=1e6 + keeps * lxl + 100 * seq, mem_before_fwd_bytes=1e6,
-                                 mem_before_bwd_bytes=1e6 + 8 * seq * 64 * 4 + keeps * lxl,
-                                 output_bytes=8 * seq * 64 * 4, score_matrix_bytes=lxl))  # fmt: skip
+                timed = dict(precision="fp32", mode="train", phase=phase, status="ok", error="", median_ms=ms)
+                rows.append(dict(cell, **timed, **memory, output_bytes=out, score_matrix_bytes=lxl))
     return pd.DataFrame(rows)
 
 
@@ -89,13 +75,14 @@ def test_bf16_speedup_and_backward_forward_ratio():
 
 
 def test_profile_answers_from_a_kernel_table():
-    common = dict(cell_id="c", status="ok", profiled_steps=2, device_kind="cuda")
+    common = dict(cell_id="c", status="ok", profiled_steps=2, device_kind="cuda", mode="train")
+    kernel = dict(kind="kernel", **common)
     rows = [
-        dict(kind="timing", mode="train", phase="forward", median_ms=1.05, **common),
-        dict(kind="kernel", mode="train", phase="forward", kernel="sm90_gemm", calls=8, total_us=1500.0, share_of_phase=0.75, **common),
-        dict(kind="kernel", mode="train", phase="forward", kernel="softmax_warp_forward", calls=4, total_us=500.0, share_of_phase=0.25, **common),
-        dict(kind="kernel", mode="train", phase="backward", kernel="sm90_gemm", calls=16, total_us=3000.0, share_of_phase=1.0, **common),
-    ]  # fmt: skip
+        dict(kind="timing", phase="forward", median_ms=1.05, **common),
+        dict(phase="forward", kernel="sm90_gemm", calls=8, total_us=1500.0, share_of_phase=0.75, **kernel),
+        dict(phase="forward", kernel="softmax_warp_forward", calls=4, total_us=500.0, share_of_phase=0.25, **kernel),
+        dict(phase="backward", kernel="sm90_gemm", calls=16, total_us=3000.0, share_of_phase=1.0, **kernel),
+    ]
     answers = profile_answers(pd.DataFrame(rows)).iloc[0]
     assert answers["train_forward_profiler_ms"] == pytest.approx(1.0)  # 2000 µs over 2 steps
     assert answers["train_forward_harness_ms"] == pytest.approx(1.05)
@@ -123,12 +110,12 @@ def _memory_rows():
     for impl, peak in (("eager", 300 * 2**20), ("sdpa", 200 * 2**20)):
         axes = dict(size="tiny", context_length=64, precision="fp32", impl=impl, mode="train")
         common = dict(study="memory", cell_id=cell_id("memory", axes), status="ok", error="", **axes)
-        rows.append(dict(kind="summary", peak_mem_bytes=peak, peak_reserved_bytes=2 * peak, mem_before_bwd_bytes=peak / 2,
-                         residual_activation_bytes=2**20, **common))  # fmt: skip
+        memory = dict(peak_mem_bytes=peak, peak_reserved_bytes=2 * peak, mem_before_bwd_bytes=peak / 2, residual_activation_bytes=2**20)
+        rows.append(dict(kind="summary", **memory, **common))
         for rank, mib in enumerate((64.0, 32.0, 16.0), 1):
             rows.append(dict(kind="allocation", rank=rank, size_mib=mib, size_bytes=mib * 2**20, frames=f"model.py:{rank}", **common))
-    rows.append(dict(study="memory", cell_id="failed", status="oom", error="CUDA out of memory", size="tiny", context_length=128,
-                     precision="fp32", impl="eager", mode="train"))  # fmt: skip
+    axes = dict(size="tiny", context_length=128, precision="fp32", impl="eager", mode="train")
+    rows.append(dict(study="memory", cell_id="failed", status="oom", error="CUDA out of memory", **axes))
     return pd.DataFrame(rows)
 
 

@@ -39,8 +39,8 @@ def test_a_series_keeps_its_style_in_every_panel_of_a_figure():
 
 
 def test_series_with_one_point_each_on_a_single_x_become_a_dot_chart():
-    df = pd.DataFrame([dict(size=s, precision=p, context_length=256, median_ms=m) for s, p, m in
-                       [("small", "fp32", 10.0), ("small", "bf16", 6.0), ("large", "fp32", 40.0)]])  # fmt: skip
+    points = [("small", "fp32", 10.0), ("small", "bf16", 6.0), ("large", "fp32", 40.0)]
+    df = pd.DataFrame([dict(size=s, precision=p, context_length=256, median_ms=m) for s, p, m in points])
     failed = pd.DataFrame([dict(size="large", precision="bf16", context_length=256, status="oom", cell_id="x")])
     fig, ax = plt.subplots()
     plots.draw_lines(ax, df, "context_length", "median_ms", ["size", "precision"], failed=failed, logx=True)
@@ -73,8 +73,8 @@ def test_figures_are_written_as_palette_pngs(tmp_path):
 
 
 def _one_cell(device: str) -> pd.DataFrame:
-    return pd.DataFrame([dict(study="precision", cell_id="part=accumulation", status="ok", error="", part="accumulation",
-                              device=device, device_name=device)])  # fmt: skip
+    cell = dict(study="precision", cell_id="part=accumulation", status="ok", error="", part="accumulation")
+    return pd.DataFrame([dict(cell, device=device, device_name=device)])
 
 
 @pytest.mark.parametrize(("device", "noted"), [("cpu", True), ("cuda", False)])

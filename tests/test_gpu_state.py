@@ -144,10 +144,6 @@ def test_host_state():
     assert isinstance(host["load_avg_1m"], float) and not math.isnan(host["load_avg_1m"])
 
 
-def test_state_columns():
-    assert gs.state_columns("start_", {"sm_clock_mhz": 1980, "power_w": 700.0}) == {"start_sm_clock_mhz": 1980, "start_power_w": 700.0}
-
-
 @pytest.mark.parametrize(
     "reasons, expected",
     [

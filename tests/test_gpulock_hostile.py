@@ -427,8 +427,8 @@ def test_rows_count_the_jobs_of_another_run_beside_them(tmp_path, monkeypatch):
     run_b.mkdir()
     marker = tmp_path / "b-measuring"
     env = {**os.environ, "PYTHONPATH": SRC}
-    other = subprocess.Popen([sys.executable, "-c", OTHER_RUN, SRC, TESTS, "4.0", str(marker)], cwd=run_b, env=env,
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    cmd = [sys.executable, "-c", OTHER_RUN, SRC, TESTS, "4.0", str(marker)]
+    other = subprocess.Popen(cmd, cwd=run_b, env=env, stdout=subprocess.PIPE, text=True)
     try:
         _wait_for(marker, other)
         monkeypatch.chdir(run_a)

@@ -86,11 +86,11 @@ def test_every_cell_samples_the_host_probe_with_the_host_state():
 
 def _pass(k, median, start, end, **extra):
     samples = [median * f for f in (0.99, 1.0, 1.01)]
-    return {"study": "e2e", "cell_id": "c", "status": "ok", "error": "", "mode": "train", "phase": "step",
-            "median_ms": median, "ci_low_ms": min(samples), "ci_high_ms": max(samples), "mean_ms": median, "std_ms": 0.1,
-            "min_ms": min(samples), "max_ms": max(samples), "n": 3, "trials": 1, "trial_medians_ms": f"{median:.4f}",
-            "samples_ms": ";".join(f"{s:.4f}" for s in samples), "pass_index": k,
-            f"start_{HOST_PROBE}": start, f"end_{HOST_PROBE}": end, **extra}  # fmt: skip
+    low, high = min(samples), max(samples)
+    head = {"study": "e2e", "cell_id": "c", "status": "ok", "error": "", "mode": "train", "phase": "step"}
+    times = {"median_ms": median, "ci_low_ms": low, "ci_high_ms": high, "mean_ms": median, "std_ms": 0.1, "min_ms": low, "max_ms": high}
+    steps = {"n": 3, "trials": 1, "trial_medians_ms": f"{median:.4f}", "samples_ms": ";".join(f"{s:.4f}" for s in samples)}
+    return {**head, **times, **steps, "pass_index": k, f"start_{HOST_PROBE}": start, f"end_{HOST_PROBE}": end, **extra}
 
 
 def test_the_merge_keeps_the_median_of_every_passes_probe_samples():
@@ -111,11 +111,11 @@ def test_a_failed_or_missing_probe_is_left_out_of_the_median():
 def test_paired_rows_keep_the_probe_median_too():
     def pair(k, start, end):
         own, other = [23.0 + 0.01 * i for i in range(8)], [20.0 + 0.01 * i for i in range(8)]
-        return {"study": "e2e", "cell_id": "c", "status": "ok", "error": "", "kind": "pair", "mode": "train",
-                "phase": "step", "pair_with": "precision=bf16", "own_blocks_ms": ";".join(map(str, own)),
-                "partner_blocks_ms": ";".join(map(str, other)), "stop_reason": "target", "pass_index": k,
-                "ratio": 1.15, "ratio_ci_low": 1.14, "ratio_ci_high": 1.16,
-                f"start_{HOST_PROBE}": start, f"end_{HOST_PROBE}": end}  # fmt: skip
+        head = {"study": "e2e", "cell_id": "c", "status": "ok", "error": "", "kind": "pair", "mode": "train", "phase": "step"}
+        blocks = {"own_blocks_ms": ";".join(map(str, own)), "partner_blocks_ms": ";".join(map(str, other))}
+        ratio = {"ratio": 1.15, "ratio_ci_low": 1.14, "ratio_ci_high": 1.16}
+        probe = {f"start_{HOST_PROBE}": start, f"end_{HOST_PROBE}": end}
+        return {**head, "pair_with": "precision=bf16", **blocks, "stop_reason": "target", "pass_index": k, **ratio, **probe}
 
     out = combine_passes(pd.DataFrame([pair(0, 5.0, 7.0), pair(1, 6.0, 30.0)]))
     assert out.loc[0, HOST_PROBE] == 6.5
@@ -125,8 +125,8 @@ def test_paired_rows_keep_the_probe_median_too():
 # ---------------------------------------------------------------- the profile study's busy share
 
 TINY = {"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2}}
-LM = dict(size="tiny", context_length=16, precision="fp32", impl="eager", warmup_steps=1, measure_steps=2, profile_steps=1,
-          batch_size=1, vocab_size=100, extra_sizes=TINY)  # fmt: skip
+LM = dict(size="tiny", context_length=16, precision="fp32", impl="eager", batch_size=1, vocab_size=100, extra_sizes=TINY)
+LM.update(warmup_steps=1, measure_steps=2, profile_steps=1)
 
 
 def test_profile_timing_rows_on_a_cpu_carry_an_empty_busy_share_and_why():

@@ -134,10 +134,9 @@ def render(html: Path, tmp: Path) -> str:
     text = html.read_text()
     end = text.rindex("</body>")
     page.write_text(text[:end] + PROBE + text[end:])
-    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp / 'chromium-profile'}", "--virtual-time-budget=10000",
-           f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}", "--dump-dom", page.as_uri()]  # fmt: skip
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking"]
+    flags += ["--disable-component-update", "--disable-sync", f"--user-data-dir={tmp / 'chromium-profile'}", "--virtual-time-budget=10000"]
+    cmd = [chromium(), *flags, f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}", "--dump-dom", page.as_uri()]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, f"chromium failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
     return proc.stdout

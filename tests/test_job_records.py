@@ -78,8 +78,9 @@ def test_the_warm_worker_takes_a_run_name_and_the_replace_switch_checked(tmp_pat
     from cs336sys.studies import STUDIES
 
     study = next(iter(STUDIES.values()))
-    request = {"pid": os.getpid(), "cwd": str(tmp_path), "timeout_s": 5, "env": {}, "output": "x.csv", "log": "x.log",
-               "cell": {"study": study.name, "cell_id": "c", "axes": {}, "target": study.measure}, "run": given, "replace": "yes"}  # fmt: skip
+    cell = {"study": study.name, "cell_id": "c", "axes": {}, "target": study.measure}
+    request = {"pid": os.getpid(), "cwd": str(tmp_path), "timeout_s": 5, "env": {}, "output": "x.csv", "log": "x.log", "cell": cell}
+    request |= {"run": given, "replace": "yes"}
     job_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with job_end, server_end:
         job_end.sendall(json.dumps(request).encode() + b"\n")

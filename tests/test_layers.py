@@ -58,14 +58,18 @@ def demo_config():
 
 def _torch_free_modules() -> list[str]:
     # the toolkit below the studies and the two floors above the pipeline: the report, the answers, compare
-    analysis = [f"cs336sys.{floor}.{m.name}" for floor in ("analysis", "handout", "runs")
-                for m in pkgutil.iter_modules([str(PACKAGE / floor)]) if m.name != "__main__"]  # fmt: skip
+    analysis = [
+        f"cs336sys.{floor}.{m.name}"
+        for floor in ("analysis", "handout", "runs")
+        for m in pkgutil.iter_modules([str(PACKAGE / floor)])
+        if m.name != "__main__"
+    ]
     reports = [f"cs336sys.studies.{name}.report" for name in S.STUDIES]
     study_specs = [f"cs336sys.studies.{name}" for name in S.STUDIES]
     # documented as importable without torch: the workflow's parse time and the CLI's flag checks use them
-    others = ["cs336sys", "cs336sys.catalog", "cs336sys.studies", "cs336sys.pipeline.config", "cs336sys.rows",
-              "cs336sys.provenance", "cs336sys.models.sizes", "cs336sys.models.variants", "cs336sys.fileio",
-              "cs336sys.cli", "cs336sys.pipeline.warm", "cs336sys.pipeline.merge", "cs336sys.plugins", "cs336sys.errors"]  # fmt: skip
+    others = ["cs336sys", "cs336sys.catalog", "cs336sys.studies", "cs336sys.pipeline.config", "cs336sys.rows", "cs336sys.provenance"]
+    others += ["cs336sys.models.sizes", "cs336sys.models.variants", "cs336sys.fileio", "cs336sys.cli", "cs336sys.pipeline.warm"]
+    others += ["cs336sys.pipeline.merge", "cs336sys.plugins", "cs336sys.errors"]
     return ["cs336sys.analysis", "cs336sys.handout", "cs336sys.runs", *analysis, *study_specs, *reports, *others]
 
 
@@ -229,8 +233,9 @@ def test_optional_backends_stay_out_of_the_cells_that_do_not_run_them():
         assert "cs336sys.models.triton_attention" not in eager, study
         assert "cs336sys.models.triton_attention" in triton, study
         assert "cs336sys.models.attention" in eager and "cs336sys.models.model" in eager, study
-    for study, axes in (("attention", {"d_model": 16, "seq_len": 64, "activation": "softmax", "impl": "eager", "causal": 1, "precision": "fp32"}),
-                        ("flash", {"seq_len": 64, "head_dim": 16, "precision": "fp32", "impl": "eager", "num_heads": 1})):  # fmt: skip
+    attention = {"d_model": 16, "seq_len": 64, "activation": "softmax", "impl": "eager", "causal": 1, "precision": "fp32"}
+    flash = {"seq_len": 64, "head_dim": 16, "precision": "fp32", "impl": "eager", "num_heads": 1}
+    for study, axes in (("attention", attention), ("flash", flash)):
         assert "cs336sys.models.triton_attention" not in plan.cell_modules(study, axes, BUILT_IN), study
         assert "cs336sys.models.triton_attention" in plan.cell_modules(study, {**axes, "impl": "triton"}, BUILT_IN), study
     # every cell runs the runner and its measurement; no cell hashes the analysis side
@@ -243,7 +248,7 @@ def test_optional_backends_stay_out_of_the_cells_that_do_not_run_them():
         ], (study, modules)
 
 
-# The cells whose hashes the edit test compares: name → (study, axes).
+# The cells whose hashes the edit test compares: name → (study, axes), one a line (a table: fmt: skip).
 HASH_CELLS = {
     "mha-performer": ("mha", {"embed_dim": 32, "num_heads": 4, "seq_len": 64, "variant": "performer", "kernel": "relu", "num_features": 16}),
     "mha-exact": ("mha", {"embed_dim": 32, "num_heads": 4, "seq_len": 64, "variant": "exact-eager", "kernel": "relu", "num_features": 0}),
@@ -369,23 +374,24 @@ def _section(study: str, **grid) -> dict:
 def test_cell_ids_follow_the_axes_with_booleans_as_integers():
     axes = {"d_model": 16, "seq_len": 64, "activation": "relu", "impl": "eager", "causal": True, "precision": "fp32"}
     assert S.cell_id("attention", axes) == "d_model=16_seq_len=64_activation=relu_impl=eager_causal=1_precision=fp32"
-    cells = plan.cells("attention", _section("attention", d_model=[16], seq_len=[64], activation=["relu"], impl=["eager"],
-                                          causal=[True, False], precision=["fp32"]), BUILT_IN)  # fmt: skip
+    grid = dict(d_model=[16], seq_len=[64], activation=["relu"], impl=["eager"], causal=[True, False], precision=["fp32"])
+    cells = plan.cells("attention", _section("attention", **grid), BUILT_IN)
     assert [c["causal"] for c in cells] == [1, 0]
     assert plan.grid("attention", {"attention": _section("attention", causal=[False])}, BUILT_IN)  # the other axes take defaults
 
 
 def test_cells_drop_sdpa_with_relu():
-    section = _section("attention", d_model=[16], seq_len=[64], activation=["softmax", "relu"], impl=["eager", "sdpa"],
-                       causal=[True], precision=["fp32"])  # fmt: skip
+    grid = dict(d_model=[16], seq_len=[64], activation=["softmax", "relu"], impl=["eager", "sdpa"], causal=[True], precision=["fp32"])
+    section = _section("attention", **grid)
     cells = plan.cells("attention", section, BUILT_IN)
     assert sorted((c["impl"], c["activation"]) for c in cells) == [("eager", "relu"), ("eager", "softmax"), ("sdpa", "softmax")]
     assert not plan.cells("attention", {**section, "grid": {**section["grid"], "impl": ["sdpa"], "activation": ["relu"]}}, BUILT_IN)
 
 
 def test_mha_cells_drop_indivisible_heads_and_exact_cells_carry_no_features_once():
-    section = _section("mha", embed_dim=[30, 32], num_heads=[4], seq_len=[64], variant=["exact-eager", "exact-sdpa", "performer"],
-                       kernel=["softmax", "relu"], num_features=[16, 32])  # fmt: skip
+    variants = ["exact-eager", "exact-sdpa", "performer"]
+    grid = dict(embed_dim=[30, 32], num_heads=[4], seq_len=[64], variant=variants, kernel=["softmax", "relu"], num_features=[16, 32])
+    section = _section("mha", **grid)
     cells = plan.cells("mha", section, BUILT_IN)
     assert {c["embed_dim"] for c in cells} == {32}  # 30 is not divisible by 4 heads
     exact = [c for c in cells if c["variant"] != "performer"]

@@ -29,21 +29,16 @@ from cs336sys.studies.e2e.report import findings
 
 DEVICE = "NVIDIA H100 80GB HBM3"
 OOM_NOTE = "the two arms do not fit in one process (out of memory): compare the two cells' own intervals"
-# eager ms, GPU ms per training-step phase, per (size, precision); GPU busy share of the eager step
+# eager ms, GPU ms per training-step phase (PHASE_NAMES), per (size, precision); GPU busy share of the eager step
+PHASE_NAMES = ("forward", "backward", "optimizer_step", "step")
 PHASES = {
-    ("small", "fp32"): ({"forward": 25.0, "backward": 42.5, "optimizer_step": 15.0, "step": 82.0},
-                        {"forward": 8.6, "backward": 17.3, "optimizer_step": 3.67, "step": 29.8}, 0.26),
-    ("small", "bf16"): ({"forward": 26.5, "backward": 59.4, "optimizer_step": 13.1, "step": 103.0},
-                        {"forward": 3.0, "backward": 5.2, "optimizer_step": 3.67, "step": 12.0}, 0.085),
-    ("large", "fp32"): ({"forward": 61.3, "backward": 115.0, "optimizer_step": 30.0, "step": 206.0},
-                        {"forward": 40.0, "backward": 80.0, "optimizer_step": 20.0, "step": 140.0}, 0.6),
-    ("large", "bf16"): ({"forward": 60.0, "backward": 116.0, "optimizer_step": 30.0, "step": 206.0},
-                        {"forward": 13.0, "backward": 24.5, "optimizer_step": 20.0, "step": 57.5}, 0.3),
-    ("xl", "fp32"): ({"forward": 100.0, "backward": 200.0, "optimizer_step": 50.0, "step": 350.0},
-                     {"forward": 90.0, "backward": 180.0, "optimizer_step": 45.0, "step": 315.0}, 0.95),
-    ("xl", "bf16"): ({"forward": 50.0, "backward": 100.0, "optimizer_step": 50.0, "step": 200.0},
-                     {"forward": 30.0, "backward": 60.0, "optimizer_step": 45.0, "step": 135.0}, 0.95),
-}  # fmt: skip
+    ("small", "fp32"): ((25.0, 42.5, 15.0, 82.0), (8.6, 17.3, 3.67, 29.8), 0.26),
+    ("small", "bf16"): ((26.5, 59.4, 13.1, 103.0), (3.0, 5.2, 3.67, 12.0), 0.085),
+    ("large", "fp32"): ((61.3, 115.0, 30.0, 206.0), (40.0, 80.0, 20.0, 140.0), 0.6),
+    ("large", "bf16"): ((60.0, 116.0, 30.0, 206.0), (13.0, 24.5, 20.0, 57.5), 0.3),
+    ("xl", "fp32"): ((100.0, 200.0, 50.0, 350.0), (90.0, 180.0, 45.0, 315.0), 0.95),
+    ("xl", "bf16"): ((50.0, 100.0, 50.0, 200.0), (30.0, 60.0, 45.0, 135.0), 0.95),
+}
 # fp32 / bf16 paired ratio of the training step per size: a finding, a tight no-difference, an out-of-memory pair
 BF16_PAIRS = {
     "small": dict(ratio=0.893, ratio_ci_low=0.842, ratio_ci_high=0.946, pairs=15, stop_reason="target"),
@@ -70,20 +65,19 @@ def new_format_e2e() -> pd.DataFrame:
     """A merged e2e table as the new measurement writes it: timed rows with GPU time, and pair rows."""
     rows = []
     for (size, precision), (eager, gpu, busy) in PHASES.items():
-        for phase, ms in eager.items():
-            g = gpu[phase]
+        for phase, ms, g in zip(PHASE_NAMES, eager, gpu):
             wide = 0.10 if busy < 0.5 else 0.01  # launch-bound rows: wide eager intervals, as on the H100
-            rows.append(_base(size, precision, mode="train", phase=phase, median_ms=ms, ci_low_ms=ms * (1 - wide),
-                              ci_high_ms=ms * (1 + wide), mean_ms=ms, std_ms=ms * 0.1, n=40, trials=16 if busy < 0.5 else 9,
-                              passes=2, pass_medians_ms=f"{ms:.4f};{ms * 1.04:.4f}",
-                              stop_reason="budget" if size == "large" else "target", gpu_busy_frac=busy, batch_size=4,
-                              gpu_median_ms=g, gpu_ci_low_ms=g * 0.995, gpu_ci_high_ms=g * 1.005, gpu_n=30, gpu_trials=15,
-                              gpu_note="", kind=float("nan")))  # fmt: skip
+            times = dict(median_ms=ms, ci_low_ms=ms * (1 - wide), ci_high_ms=ms * (1 + wide), mean_ms=ms, std_ms=ms * 0.1, n=40)
+            passes = dict(trials=16 if busy < 0.5 else 9, passes=2, pass_medians_ms=f"{ms:.4f};{ms * 1.04:.4f}")
+            stop = "budget" if size == "large" else "target"
+            graph = dict(gpu_median_ms=g, gpu_ci_low_ms=g * 0.995, gpu_ci_high_ms=g * 1.005, gpu_n=30, gpu_trials=15, gpu_note="")
+            more = dict(stop_reason=stop, gpu_busy_frac=busy, batch_size=4, **graph, kind=float("nan"))
+            rows.append(_base(size, precision, mode="train", phase=phase, **times, **passes, **more))
         graph = GRAPH_PAIRS.get((size, precision), dict(ratio=3.0, ratio_ci_low=2.9, ratio_ci_high=3.1, pairs=12, stop_reason="target"))
         rows.append(_base(size, precision, kind="pair", mode="train", phase="step", pair_with="cuda_graphs=1", pair_note="", **graph))
         if precision == "fp32":
-            rows.append(_base(size, precision, kind="pair", mode="train", phase="step", pair_with="precision=bf16",
-                              **{"pair_note": "", **BF16_PAIRS[size]}))  # fmt: skip
+            pair = {"pair_note": "", **BF16_PAIRS[size]}
+            rows.append(_base(size, precision, kind="pair", mode="train", phase="step", pair_with="precision=bf16", **pair))
     return derive(pd.DataFrame(rows), "e2e")
 
 
@@ -265,9 +259,9 @@ def test_the_committed_repeatability_reports_rebuild_from_their_pairs(tmp_path, 
 
 def _precision_run(path: Path) -> Path:
     path.mkdir(parents=True)
-    rows = [dict(study="precision", cell_id="part=accumulation", status="ok", error="", part="accumulation", kind="accumulation",
-                 accumulator=acc, summand=summ, result=res, abs_error=err, device_name="cpu (x86_64)")
-            for acc, summ, res, err in (("float32", "float32", 10.0001, 1e-4), ("float16", "float16", 9.95, 0.05))]  # fmt: skip
+    cell = dict(study="precision", cell_id="part=accumulation", status="ok", error="", part="accumulation", kind="accumulation")
+    sums = (("float32", "float32", 10.0001, 1e-4), ("float16", "float16", 9.95, 0.05))
+    rows = [dict(cell, accumulator=a, summand=s, result=r, abs_error=e, device_name="cpu (x86_64)") for a, s, r, e in sums]
     pd.DataFrame(rows).to_csv(path / "precision.csv", index=False)
     return path
 

@@ -15,13 +15,11 @@ from cs336sys.measure.stats import log_t_interval, median_ci_order, trial_ci
 
 def _row(pass_index, samples, cell="c1", mode="train", phase="step", **extra):
     samples = list(samples)
-    return {
-        "study": "e2e", "cell_id": cell, "status": "ok", "error": "", "mode": mode, "phase": phase,
-        "median_ms": float(np.median(samples)), "ci_low_ms": min(samples), "ci_high_ms": max(samples),
-        "mean_ms": float(np.mean(samples)), "std_ms": float(np.std(samples, ddof=1)), "min_ms": min(samples),
-        "max_ms": max(samples), "n": len(samples), "trials": 1, "trial_medians_ms": f"{np.median(samples):.4f}",
-        "samples_ms": ";".join(f"{s:.4f}" for s in samples), "pass_index": pass_index, **extra,
-    }  # fmt: skip
+    median, low, high = float(np.median(samples)), min(samples), max(samples)
+    head = {"study": "e2e", "cell_id": cell, "status": "ok", "error": "", "mode": mode, "phase": phase}
+    spread = {"mean_ms": float(np.mean(samples)), "std_ms": float(np.std(samples, ddof=1)), "min_ms": low, "max_ms": high}
+    steps = {"n": len(samples), "trials": 1, "trial_medians_ms": f"{median:.4f}", "samples_ms": ";".join(f"{s:.4f}" for s in samples)}
+    return {**head, "median_ms": median, "ci_low_ms": low, "ci_high_ms": high, **spread, **steps, "pass_index": pass_index, **extra}
 
 
 def test_three_passes_pool_their_steps_and_take_the_widest_interval():
@@ -62,8 +60,8 @@ def test_the_profile_studys_timing_rows_get_the_floor_and_its_kernel_rows_pass_t
     # the profile study marks its timed rows kind=timing beside kind=kernel rows; on the H100 they
     # repeated within ±0.1% inside a run and moved 0.2-0.9% between runs (5 of 6 outside, no floor)
     steps = [18.5 + 0.0001 * i for i in range(30)]
-    kernel = {"study": "profile", "cell_id": "c1", "status": "ok", "error": "", "mode": "train", "phase": "forward",
-              "kind": "kernel", "name": "gemm", "pass_index": 0}  # fmt: skip
+    kernel = {"study": "profile", "cell_id": "c1", "status": "ok", "error": "", "mode": "train", "phase": "forward"}
+    kernel |= {"kind": "kernel", "name": "gemm", "pass_index": 0}
     df = pd.DataFrame([{**_row(0, steps, phase="forward"), "study": "profile", "kind": "timing"}, kernel])
     out = combine_passes(df, floor_rel=0.01)
     timing = out[out["kind"] == "timing"].iloc[0]
@@ -85,8 +83,8 @@ def test_a_throttled_or_slow_clocked_pass_flags_the_merged_row():
 
 
 def test_phases_modes_and_cells_stay_apart_and_keep_their_order():
-    rows = [_row(k, [1.0 + k, 1.1 + k], cell=c, mode=m, phase=p)
-            for k in range(2) for c in ("b", "a") for m in ("inference", "train") for p in ("step", "forward")]  # fmt: skip
+    cells = [(c, m, p) for c in ("b", "a") for m in ("inference", "train") for p in ("step", "forward")]
+    rows = [_row(k, [1.0 + k, 1.1 + k], cell=c, mode=m, phase=p) for k in range(2) for c, m, p in cells]
     out = combine_passes(pd.DataFrame(rows))
     assert len(out) == 8
     assert list(dict.fromkeys(out["cell_id"])) == ["b", "a"]
@@ -96,8 +94,8 @@ def test_phases_modes_and_cells_stay_apart_and_keep_their_order():
 def test_failures_are_kept_once_and_records_come_from_the_first_pass():
     oom = {"study": "e2e", "cell_id": "c1", "status": "oom", "error": "CUDA out of memory", "mode": "train", "pass_index": 0}
     record = {"study": "e2e", "cell_id": "c1", "status": "ok", "error": "", "kind": "memory", "peak": 1.0}
-    rows = [_row(0, [5.0, 5.1], mode="inference"), _row(1, [5.2, 5.3], mode="inference"),
-            oom, {**oom, "pass_index": 1}, {**record, "pass_index": 0}, {**record, "pass_index": 1, "peak": 2.0}]  # fmt: skip
+    timed = [_row(0, [5.0, 5.1], mode="inference"), _row(1, [5.2, 5.3], mode="inference")]
+    rows = [*timed, oom, {**oom, "pass_index": 1}, {**record, "pass_index": 0}, {**record, "pass_index": 1, "peak": 2.0}]
     out = combine_passes(pd.DataFrame(rows))
     assert (out["status"] == "oom").sum() == 1
     records = out[out["kind"] == "memory"]
@@ -157,8 +155,10 @@ def test_host_bound_cells_pool_their_drift_among_themselves():
 
 
 def test_a_pass_that_shared_the_host_flags_the_merged_row_as_shared():
-    rows = [_row(0, [10.0] * 10, concurrent_jobs=0, gpu_lock="held", concurrent_runs=""),
-            _row(1, [10.1] * 10, concurrent_jobs=2, gpu_lock="held", concurrent_runs="/home/b/other")]  # fmt: skip
+    rows = [
+        _row(0, [10.0] * 10, concurrent_jobs=0, gpu_lock="held", concurrent_runs=""),
+        _row(1, [10.1] * 10, concurrent_jobs=2, gpu_lock="held", concurrent_runs="/home/b/other"),
+    ]
     out = add_derived(combine_passes(pd.DataFrame(rows), floor_rel=0.01)).iloc[0]
     assert out["concurrent_jobs"] == 2 and bool(out["shared"])
     alone = add_derived(combine_passes(pd.DataFrame([_row(0, [10.0] * 10, concurrent_jobs=0, gpu_lock="held")]))).iloc[0]
@@ -170,7 +170,7 @@ def test_a_pass_that_shared_the_host_flags_the_merged_row_as_shared():
 def test_a_comparison_pools_with_the_more_host_bound_of_its_two_sides():
     """fp32 (GPU-bound) paired with its launch-bound bf16 partner drifts as the bf16 side does: on a cold H100
     its pass ratios were 2.00 and 1.01, and pooled with GPU-bound comparisons its interval was [0.019, 108]."""
-    from cs336sys.analysis.passes import pair_busy, partner_cell
+    from cs336sys.analysis.drift import pair_busy, partner_cell
 
     base = "size=large_context_length=256_precision=fp32_impl=sdpa_compile=0"
     assert partner_cell(base, "precision=bf16") == "size=large_context_length=256_precision=bf16_impl=sdpa_compile=0"

@@ -54,9 +54,9 @@ def test_peak_gbps_defaults_to_none_given():
 
 def _cell_csv(folder, config, device_name: str = CPU_NAME) -> str:
     cid, axes = next(iter(plan.grid("attention", config, BUILT_IN).items()))
-    row = dict(study="attention", cell_id=cid, status="ok", error="", **axes, batch_size=8, mode="train", phase="forward",
-               median_ms=2.0, ci_low_ms=1.9, ci_high_ms=2.1, mean_ms=2.0, std_ms=0.1, min_ms=1.9, max_ms=2.1, n=3, trials=1,
-               trial_medians_ms="2.0", samples_ms="1.9;2.0;2.1", device="cpu", device_name=device_name, host="h")  # fmt: skip
+    times = dict(median_ms=2.0, ci_low_ms=1.9, ci_high_ms=2.1, mean_ms=2.0, std_ms=0.1, min_ms=1.9, max_ms=2.1, n=3, trials=1)
+    row = dict(study="attention", cell_id=cid, status="ok", error="", **axes, batch_size=8, mode="train", phase="forward", **times)
+    row.update(trial_medians_ms="2.0", samples_ms="1.9;2.0;2.1", device="cpu", device_name=device_name, host="h")
     path = folder / f"{cid}.csv"
     write_csv_atomic(pd.DataFrame([row]), path)
     return str(path)

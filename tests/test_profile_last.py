@@ -18,8 +18,9 @@ from cs336sys.measure.session import Policy, Session
 
 CPU = torch.device("cpu")
 TINY = {"tiny": {"d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2}}
-LM = dict(size="tiny", context_length=16, precision="fp32", impl="eager", warmup_steps=1, measure_steps=2, batch_size=1,
-          vocab_size=100, extra_sizes=TINY)  # fmt: skip
+LM = dict(size="tiny", context_length=16, precision="fp32", impl="eager", warmup_steps=1, measure_steps=2, batch_size=1)
+LM.update(vocab_size=100, extra_sizes=TINY)
+MHA = dict(embed_dim=16, num_heads=2, seq_len=8, variant="exact-eager", kernel="softmax", warmup_steps=1, measure_steps=2)
 
 
 def session() -> Session:
@@ -64,8 +65,7 @@ def test_an_mha_cell_times_both_modes_before_it_profiles(monkeypatch):
 
     calls: list[str] = []
     monkeypatch.setattr(mha, "gpu_busy_share", _fake_busy(calls))
-    rows = pd.DataFrame(mha.measure(CPU, {}, session(), **cell_kwargs("mha", embed_dim=16, num_heads=2, seq_len=8, variant="exact-eager", kernel="softmax",
-                                                           warmup_steps=1, measure_steps=2)))  # fmt: skip
+    rows = pd.DataFrame(mha.measure(CPU, {}, session(), **cell_kwargs("mha", **MHA)))
     assert calls == ["profiled", "profiled"]
     assert set(rows["mode"]) == {"inference", "train"} and (rows["gpu_busy_frac"] == 0.5).all()
 
@@ -113,8 +113,7 @@ def test_a_mode_measured_before_another_runs_out_of_memory_keeps_its_rows(monkey
     monkeypatch.setattr(mod, "time_steps", fake)
     monkeypatch.setattr(mod, "gpu_busy_share", _fake_busy([]))
     context = Context()
-    kwargs = LM if study == "e2e" else dict(embed_dim=16, num_heads=2, seq_len=8, variant="exact-eager", kernel="softmax",
-                                            warmup_steps=1, measure_steps=2)  # fmt: skip
+    kwargs = LM if study == "e2e" else MHA
     rows = []
     with pytest.raises(torch.OutOfMemoryError):
         for row in mod.measure(CPU, context, session(), **cell_kwargs(study, **kwargs)):

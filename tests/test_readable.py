@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cs336sys.analysis import plots
+from cs336sys.analysis import long_labels, plots
 from cs336sys.analysis.findings import oom_frontier
 from cs336sys.analysis.markdown import format_number, md_table, readable
 from cs336sys.studies import cell_id
@@ -43,8 +43,8 @@ def test_whole_numbers_print_as_integers_and_large_ones_without_an_exponent():
 
 
 def test_oom_frontier_table_prints_lengths_as_integers_and_says_none_instead_of_nan():
-    rows = [dict(impl=impl, seq_len=L, status=status) for impl, L, status in
-            [("eager", 16384, "ok"), ("eager", 32768, "oom"), ("triton", 16384, "ok"), ("triton", 32768, "ok")]]  # fmt: skip
+    ran = [("eager", 16384, "ok"), ("eager", 32768, "oom"), ("triton", 16384, "ok"), ("triton", 32768, "ok")]
+    rows = [dict(impl=impl, seq_len=L, status=status) for impl, L, status in ran]
     table = md_table(oom_frontier(pd.DataFrame(rows), ["impl"]), empty={"largest_ok": "none", "first_oom": "none"})
     assert _column(table, "first_oom") == ["32768", "none"]
     assert _column(table, "largest_ok") == ["16384", "32768"]
@@ -122,19 +122,18 @@ def test_figure_legends_list_sizes_in_size_order():
 # --- long labels -----------------------------------------------------------------------------------
 
 PREFIX = "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, float, "  # > 70 chars
-KERNELS = [PREFIX + "at::native::binary_internal::MulFunctor<float> >, std::array<char*, 3ul> >",
-           PREFIX + "at::native::binary_internal::DivFunctor<float> >, std::array<char*, 3ul> >"]  # fmt: skip
+KERNELS = [PREFIX + f"at::native::binary_internal::{op}Functor<float> >, std::array<char*, 3ul> >" for op in ("Mul", "Div")]
 
 
 def test_labels_of_names_sharing_a_long_prefix_stay_distinct_and_short_with_a_legend():
-    labels, legend = plots.short_labels(KERNELS, width=60)
+    labels, legend = long_labels.short_labels(KERNELS, width=60)
     assert len(set(labels)) == 2 and all(len(label) <= 60 for label in labels)
     assert [full for _, full in legend] == KERNELS
     assert "Mul" in labels[0] and "Div" in labels[1]  # each shows where it parts from the other
 
 
 def test_shorten_middle_keeps_both_ends():
-    short = plots.shorten_middle("a" * 40 + "MIDDLE" + "z" * 40, 21)
+    short = long_labels.shorten_middle("a" * 40 + "MIDDLE" + "z" * 40, 21)
     assert short == "a" * 10 + "…" + "z" * 10
 
 
@@ -164,8 +163,8 @@ def test_profile_answers_table_is_headed_by_the_cells_not_0_and_1():
     rows = []
     for size in ("xl", "small", "2.7B"):
         axes = dict(size=size, context_length=512, precision="fp32", impl="eager")
-        rows.append(dict(cell_id=cell_id("profile", axes), status="ok", kind="kernel", mode="train", phase="forward",
-                         kernel="gemm", calls=2, total_us=10.0, share_of_phase=1.0, profiled_steps=1, device_kind="cuda", **axes))  # fmt: skip
+        kernel = dict(kernel="gemm", calls=2, total_us=10.0, share_of_phase=1.0, profiled_steps=1, device_kind="cuda")
+        rows.append(dict(cell_id=cell_id("profile", axes), status="ok", kind="kernel", mode="train", phase="forward", **kernel, **axes))
     df = pd.DataFrame(rows)
     table = profile_report.answers_by_cell(profile_report.profile_answers(df), df)
     assert list(table.columns) == ["answer", "size=small", "size=xl", "size=2.7B"]  # cells in size order
@@ -187,9 +186,9 @@ def _lm_rows(extra: dict | None = None) -> pd.DataFrame:
     rows = []
     for ctx in (128, 256):
         for mode, phase in e2e_report.PANELS:
-            rows.append(dict(size="small", context_length=ctx, precision="fp32", impl="eager", cuda_graphs=0, compile=0,
-                             mode=mode, phase=phase, status="ok", median_ms=10.0, ci_low_ms=9.0, ci_high_ms=11.0,
-                             mean_ms=2.0, std_ms=5.0, max_ms=20.0, warmup_steps=ctx // 128, **(extra or {})))  # fmt: skip
+            axes = dict(size="small", context_length=ctx, precision="fp32", impl="eager", cuda_graphs=0, compile=0, mode=mode, phase=phase)
+            times = dict(median_ms=10.0, ci_low_ms=9.0, ci_high_ms=11.0, mean_ms=2.0, std_ms=5.0, max_ms=20.0)
+            rows.append(dict(**axes, status="ok", **times, warmup_steps=ctx // 128, **(extra or {})))
     return pd.DataFrame(rows)
 
 

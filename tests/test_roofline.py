@@ -72,8 +72,8 @@ def test_bytes_follow_each_implementations_catalog_line():
     from cs336sys import catalog
 
     counted = {i.name: i.traffic for i in catalog.impls() if i.traffic}
-    assert counted == {"eager": "eager", "compiled": "compiled", "triton": "fused", "triton-atomic": "fused", "tutorial": "fused",
-                       "sdpa": "fused", "sdpa-flash": "fused", "sdpa-cudnn": "fused", "sdpa-efficient": "fused"}  # fmt: skip
+    fused = ("triton", "triton-atomic", "tutorial", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
+    assert counted == {"eager": "eager", "compiled": "compiled", **dict.fromkeys(fused, "fused")}
     with pytest.raises(ValueError, match="traffic 'tiled'"):
         catalog.register(catalog.Impl("odd", "ours", "m", {"softmax": "f"}, (catalog.FUSED,), "odd", traffic="tiled"))
     # a user's plug-in is counted only where its line says how it moves bytes
@@ -122,9 +122,10 @@ def test_overrides_come_first_and_extend_the_table():
 
 
 def _attention_row(impl: str, phase: str, median_ms: float, device: str = H100, **extra) -> dict:
-    return {"study": "attention", "cell_id": f"c-{impl}", "status": "ok", "error": "", "d_model": 64, "seq_len": 128,
-            "activation": "softmax", "impl": impl, "causal": 0, "precision": "fp32", "mode": "train", "phase": phase,
-            "median_ms": median_ms, "flops": 0.0, "batch_size": 2, "device_name": device, **extra}  # fmt: skip
+    head = {"study": "attention", "cell_id": f"c-{impl}", "status": "ok", "error": ""}
+    axes = {"d_model": 64, "seq_len": 128, "activation": "softmax", "impl": impl, "causal": 0, "precision": "fp32"}
+    timed = {"mode": "train", "phase": phase, "median_ms": median_ms, "flops": 0.0, "batch_size": 2, "device_name": device}
+    return {**head, **axes, **timed, **extra}
 
 
 def test_derived_columns_have_the_hand_computed_values():
@@ -157,14 +158,14 @@ def test_an_unknown_device_leaves_the_bandwidth_columns_empty_with_the_reason():
 
 def test_the_optimizer_step_counts_adamw_and_other_rows_say_why_they_have_no_bytes():
     base = {"study": "e2e", "status": "ok", "precision": "bf16", "mode": "train", "median_ms": 1.0, "device_name": H100}
-    rows = pd.DataFrame([
+    rows = [
         {**base, "phase": "optimizer_step", "params": 1e6, "optimizer": "course"},
         {**base, "phase": "optimizer_step", "params": 1e6, "optimizer": "fused-captured"},
         {**base, "phase": "optimizer_step", "optimizer": "course"},
         {**base, "phase": "forward", "params": 1e6, "optimizer": "course", "flops": 1e9},
         {**base, "phase": "optimizer_step", "params": 1e6, "optimizer": "course", "kind": "pair", "median_ms": None},
-    ])  # fmt: skip
-    out = roofline.add_roofline(rows)
+    ]
+    out = roofline.add_roofline(pd.DataFrame(rows))
     assert list(out["bytes_moved"][:2]) == [80e6, 28e6]  # the course's eight in-place ops; fused: 4 reads + 3 writes of fp32
     assert out["achieved_gbps"][0] == pytest.approx(80.0) and out["bw_frac"][0] == pytest.approx(80 / 3350)
     assert math.isnan(out["arith_intensity"][0]) and "no FLOPs counted" in out["roofline_note"][0]  # elementwise only
@@ -182,8 +183,12 @@ def test_a_failed_row_or_one_without_shape_columns_is_empty_not_an_error():
 
 
 def _synthetic_attention() -> pd.DataFrame:
-    rows = [_attention_row(impl, phase, ms, cell_id=f"{impl}-{n}", seq_len=n)
-            for impl, ms in (("eager", 0.5), ("triton", 0.05)) for n in (128, 256) for phase in ("forward", "backward")]  # fmt: skip
+    rows = [
+        _attention_row(impl, phase, ms, cell_id=f"{impl}-{n}", seq_len=n)
+        for impl, ms in (("eager", 0.5), ("triton", 0.05))
+        for n in (128, 256)
+        for phase in ("forward", "backward")
+    ]
     return derive(pd.DataFrame(rows), "attention")
 
 

@@ -10,8 +10,6 @@ from cs336sys.measure.stats import (
     Interval,
     fmt_interval,
     gpu_busy_fraction,
-    is_host_bound,
-    is_noisy,
     median_ci_order,
     order_ci_coverage,
     ratio_interval,
@@ -158,7 +156,7 @@ def test_envelope_follows_trial_drift():
     assert s.median == pytest.approx(20.0)
     assert s.low == pytest.approx(20.0 - half)
     assert s.high == pytest.approx(20.0 + half)
-    assert is_noisy(s)
+    assert s.half_width_rel > 0.05  # wide: the trials drifted
     # the order-statistic interval alone is much narrower than the envelope
     lo, hi = median_ci_order(np.concatenate([_tight(10.0), _tight(20.0), _tight(30.0)]))
     assert hi - lo < s.high - s.low
@@ -171,7 +169,7 @@ def test_envelope_equals_order_ci_when_trials_agree():
     assert (s.low, s.high) == (lo, hi)
     assert s.median == pytest.approx(10.0)
     assert lo < 10.0 < hi
-    assert not is_noisy(s, 0.05)
+    assert s.half_width_rel <= 0.05
 
 
 def test_summarize_contains_median_and_edge_cases():
@@ -181,7 +179,6 @@ def test_summarize_contains_median_and_edge_cases():
     one = summarize_trials([[5.0]])
     assert (one.median, one.n, one.trials) == (5.0, 1, 1)
     assert math.isnan(one.low) and math.isnan(one.high)
-    assert not is_noisy(one)
     empty = summarize_trials([[], [NAN]])
     assert math.isnan(empty.median) and empty.n == 0 and empty.trials == 0
     # single trial: only the order-statistic interval
@@ -189,7 +186,7 @@ def test_summarize_contains_median_and_edge_cases():
     assert (single.low, single.high, single.trials) == (2.0, 9.0, 1)
 
 
-# --- Interval, is_noisy ------------------------------------------------------------------------
+# --- Interval --------------------------------------------------------------------------------
 
 
 def test_interval_methods():
@@ -200,14 +197,6 @@ def test_interval_methods():
     assert math.isnan(iv(0.0, -1.0, 1.0).half_width_rel)
     assert math.isnan(iv(NAN, NAN, NAN).half_width_rel)
     assert not iv(10.0, NAN, NAN).overlaps(a) and not iv(10.0, NAN, NAN).contains(10.0)
-
-
-def test_is_noisy_thresholds():
-    assert not is_noisy(iv(100.0, 96.0, 104.0))  # 4%
-    assert is_noisy(iv(100.0, 94.0, 106.0))  # 6%
-    assert not is_noisy(iv(100.0, 94.0, 106.0), threshold_rel=0.1)
-    assert is_noisy(iv(100.0, NAN, NAN, n=5))  # unmeasurable width with several steps
-    assert not is_noisy(iv(100.0, NAN, NAN, n=1, trials=1))  # single step: not noisy
 
 
 # --- ratio, verdict, significant ------------------------------------------------------------------
@@ -261,15 +250,6 @@ def test_gpu_busy_fraction_merges_and_clips():
         gpu_busy_fraction([(0, 1)], (5, 5))
 
 
-def test_is_host_bound():
-    assert is_host_bound(0.5)
-    assert is_host_bound(0.89)
-    assert not is_host_bound(0.9)
-    assert not is_host_bound(0.99)
-    assert is_host_bound(0.95, threshold=0.97)
-    assert not is_host_bound(NAN)
-
-
 # --- formatting ------------------------------------------------------------------------------
 
 
@@ -286,13 +266,17 @@ def test_merge_flags_rows_noisy_host_bound_and_throttled():
 
     from cs336sys.analysis.metrics import add_flags
 
-    rows = pd.DataFrame({
-        "median_ms": [10.0, 10.0, 10.0], "ci_low_ms": [9.9, 8.0, 9.9], "ci_high_ms": [10.1, 12.0, 10.1],
+    columns = {
+        "median_ms": [10.0, 10.0, 10.0],
+        "ci_low_ms": [9.9, 8.0, 9.9],
+        "ci_high_ms": [10.1, 12.0, 10.1],
         "gpu_busy_frac": [0.95, 0.5, None],
-        "start_throttle_reasons": ["gpu_idle", "none", "sw_power_cap"], "end_throttle_reasons": ["none", "gpu_idle", "none"],
-        "end_sm_clock_mhz": [1980, 900, 1980], "max_sm_clock_mhz": [1980, 1980, 1980],
-    })  # fmt: skip
-    out = add_flags(rows)
+        "start_throttle_reasons": ["gpu_idle", "none", "sw_power_cap"],
+        "end_throttle_reasons": ["none", "gpu_idle", "none"],
+        "end_sm_clock_mhz": [1980, 900, 1980],
+        "max_sm_clock_mhz": [1980, 1980, 1980],
+    }
+    out = add_flags(pd.DataFrame(columns))
     assert out["noisy"].tolist() == [False, True, False]
     assert out["host_bound"].tolist()[:2] == [False, True] and pd.isna(out["host_bound"].iloc[2])  # unmeasured: empty
     assert out["throttled"].tolist() == [False, False, True]  # idle between launches is not throttling

@@ -117,10 +117,9 @@ def test_no_committed_run_is_the_cpu_demo():
 
 
 def test_merge_cells_keeps_every_status_orders_columns_and_adds_metrics(tmp_path):
-    base = {"study": "attention", "d_model": 16, "seq_len": 64, "activation": "softmax", "impl": "eager", "causal": 1,
-            "precision": "fp32", "device": "cpu", "device_name": "cpu (x86_64)", "host": "h"}  # fmt: skip
-    ok = dict(base, cell_id=S.cell_id("attention", {**base}), status="ok", error="", mode="train", phase="step",
-              median_ms=2.0, flops=4e9)  # fmt: skip
+    axes = {"d_model": 16, "seq_len": 64, "activation": "softmax", "impl": "eager", "causal": 1, "precision": "fp32"}
+    base = {"study": "attention", **axes, "device": "cpu", "device_name": "cpu (x86_64)", "host": "h"}
+    ok = dict(base, cell_id=S.cell_id("attention", {**base}), status="ok", error="", mode="train", phase="step", median_ms=2.0, flops=4e9)
     oom_axes = {**base, "seq_len": 128}
     oom = dict(oom_axes, cell_id=S.cell_id("attention", oom_axes), status="oom", error="CUDA out of memory", mode="train")
     paths = []

@@ -78,8 +78,8 @@ def _forward_backward(fn, q, k, v, do, is_causal):
 def _per_head(q, k, v, do, is_causal, dtype):
     """The reference's (out, dq, dk, dv) one (batch, head) at a time: at 16384 tokens a float64
     score matrix of all sixteen heads would not fit."""
-    parts = [_forward_backward(_reference, *(x[b, h].to(dtype) for x in (q, k, v, do)), is_causal)
-             for b in range(q.shape[0]) for h in range(q.shape[1])]  # fmt: skip
+    heads = [(b, h) for b in range(q.shape[0]) for h in range(q.shape[1])]
+    parts = [_forward_backward(_reference, *(x[b, h].to(dtype) for x in (q, k, v, do)), is_causal) for b, h in heads]
     return [torch.stack([p[i] for p in parts]).view(q.shape) for i in range(4)]
 
 

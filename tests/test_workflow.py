@@ -134,16 +134,30 @@ def test_cpu_demo_second_invocation_runs_nothing(demo):
 
 REDUCED_FILE = "config/test-reduced.yaml"
 REDUCED_STUDIES = ["e2e", "warmup", "attention", "mha", "flash"]
+ATTENTION_GRID = {
+    "d_model": [16],
+    "seq_len": [64],
+    "activation": ["softmax", "relu"],
+    "impl": ["eager"],
+    "causal": [True],
+    "precision": ["fp32"],
+}
+MHA_GRID = {
+    "embed_dim": [32],
+    "num_heads": [4],
+    "seq_len": [64],
+    "variant": ["exact-eager", "performer"],
+    "kernel": ["relu"],
+    "num_features": [16],
+}
 REDUCED = {  # over config/cpu-demo.yaml: 1-2 cells per study, mha with an exact and a performer cell
     "studies": REDUCED_STUDIES,
     "e2e": {"grid": {"size": ["tiny"], "context_length": [32], "precision": ["fp32"], "impl": ["eager"], "compile": [False]}},
     "warmup": {"grid": {"warmup_steps": [0]}},
-    "attention": {"grid": {"d_model": [16], "seq_len": [64], "activation": ["softmax", "relu"], "impl": ["eager"],
-                           "causal": [True], "precision": ["fp32"]}},
-    "mha": {"grid": {"embed_dim": [32], "num_heads": [4], "seq_len": [64], "variant": ["exact-eager", "performer"],
-                     "kernel": ["relu"], "num_features": [16]}},
+    "attention": {"grid": ATTENTION_GRID},
+    "mha": {"grid": MHA_GRID},
     "flash": {"grid": {"seq_len": [64], "head_dim": [16], "precision": ["fp32"], "impl": ["eager"]}, "leaderboard": None},
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="session")  # once for every worker (read only: a test edits a clone, `rerun`)
@@ -244,8 +258,8 @@ def test_rerun_after_changing_time_limits_and_resources_runs_nothing(rerun):
 
     The run's snapshot leaves job limits out, so its report does not rerun either.
     """
-    changed = {**REDUCED, "attention": {**REDUCED["attention"], "timeout_s": 77, "resources": {"runtime_min": 7, "mem_mb": 1234}},
-               "e2e": {**REDUCED["e2e"], "timeout_s": 99}}  # fmt: skip
+    attention = {**REDUCED["attention"], "timeout_s": 77, "resources": {"runtime_min": 7, "mem_mb": 1234}}
+    changed = {**REDUCED, "attention": attention, "e2e": {**REDUCED["e2e"], "timeout_s": 99}}
     write_yaml(rerun / REDUCED_FILE, changed)
     run = dry_run(rerun, DEMO, REDUCED_FILE)
     assert not run.cells(), run.describe()
@@ -280,11 +294,7 @@ def test_rerun_after_adding_a_pass_runs_only_the_new_pass(rerun):
 # --- failures become data ------------------------------------------------------------------------
 
 FAULT_FILE = "config/test-fault.yaml"
-ATTENTION_ONLY = {
-    "studies": ["attention"],
-    "attention": {"grid": {"d_model": [16], "seq_len": [64], "activation": ["softmax", "relu"], "impl": ["eager"],
-                           "causal": [True], "precision": ["fp32"]}},
-}  # fmt: skip
+ATTENTION_ONLY = {"studies": ["attention"], "attention": {"grid": ATTENTION_GRID}}
 
 
 def _fault_run(tmp_path_factory, name: str, fault: str, override: dict, import_log: bool = False):

@@ -87,8 +87,8 @@ def snakemake(cwd: Path, *args: str, env: Mapping[str, str] | None = None, timeo
     full_env.update(env or {})
     cmd = [sys.executable, "-m", "snakemake", *args]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          stdin=subprocess.DEVNULL, timeout=timeout)  # fmt: skip
+    out = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, env=full_env, **out, stdin=subprocess.DEVNULL, timeout=timeout)
     return Result(cmd[1:], proc.returncode, proc.stdout, time.monotonic() - t0)
 
 

@@ -17,24 +17,23 @@ HEAD_COLUMNS = ["study", "cell_id", "status", "error"]
 TIME_PARTS = ("startup", "check", "warmup", "timed", "pairs", "graph", "energy", "profile", "other")
 TIME_COLUMNS = ["time_job_s", *(f"time_{p}_s" for p in TIME_PARTS)]
 ENV_COLUMNS = [
-    "device", "device_name", "driver_version", "torch_version", "cuda_version",
-    "python_version", "git_commit", "host", "started_at", "finished_at",
-    "gpu_index", "gpu_uuid", "gpu_wait_s", "max_sm_clock_mhz", "gpu_state_note", "cpu_model", "cpu_count",
+    *("device", "device_name", "driver_version", "torch_version", "cuda_version", "python_version", "git_commit", "host"),
+    *("started_at", "finished_at"),
+    *("gpu_index", "gpu_uuid", "gpu_wait_s", "max_sm_clock_mhz", "gpu_state_note", "cpu_model", "cpu_count"),
     "gpu_lock",  # held | held: <which lock only> (<why>) | none: <reason> (pipeline.gpulock)
-    "concurrent_jobs", "concurrent_runs",  # jobs of other runs busy beside the measurement, and their runs
+    *("concurrent_jobs", "concurrent_runs"),  # jobs of other runs busy beside the measurement, and their runs
     "pass_index",  # which pass over the grid measured the row (analysis.passes)
     *TIME_COLUMNS,
-]  # fmt: skip
+]
 WHERE_COLUMNS = ["mode", "phase"]  # where inside a cell a row was measured
 # Columns every timed row carries (measure.timing): an axis of the same name would be overwritten.
 TIMING_COLUMNS = [
-    "median_ms", "ci_low_ms", "ci_high_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "n", "trials",
-    "trial_medians_ms", "samples_ms", "flops", "warmup_s", "timed_s", "warmup_steps_run", "first_step_s", "kind",
-    "stop_reason",
+    *("median_ms", "ci_low_ms", "ci_high_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "n", "trials", "trial_medians_ms", "samples_ms"),
+    *("flops", "warmup_s", "timed_s", "warmup_steps_run", "first_step_s", "kind", "stop_reason"),
     # the GPU's energy per step over the timed blocks (measure.energy): on the whole-step row, empty with the reason elsewhere
-    "energy_j", "energy_ci_low_j", "energy_ci_high_j", "avg_power_w", "energy_samples_j", "energy_source", "energy_note",
+    *("energy_j", "energy_ci_low_j", "energy_ci_high_j", "avg_power_w", "energy_samples_j", "energy_source", "energy_note"),
     "energy_read_ms",  # what one read of NVML's counter cost in the measuring process, outside every timed block
-]  # fmt: skip
+]
 PASS_COLUMNS = ["passes", "pass_medians_ms"]
 # A paired comparison's row (studies' ``Study.pairs``, measure.interleave) is this ``kind``.
 PAIR_KIND = "pair"
@@ -79,30 +78,39 @@ class Column:
     stat: Callable[[Sequence[float]], float] | None = None  # a pooled statistic of the step times (ms)
 
 
-_first = [Column(c, "", "first") for c in (
-    "study", "cell_id", "status", "error", "mode", "phase", "kind", "device", "device_name", "driver_version",
-    "torch_version", "cuda_version", "python_version", "git_commit", "host", "started_at", "gpu_index", "gpu_uuid",
-    "max_sm_clock_mhz", "gpu_state_note", "cpu_model", "cpu_count", "pass_index", "flops", "warmup_steps_run",
-    "first_step_s", "gpu_busy_note", "gpu_note", "memory_note", "batch_size", "tokens", "params", "optimizer",
-    "precision", "causal", "output_bytes", "score_matrix_bytes", "profiled_steps", "device_kind", "model",
-)]  # fmt: skip
-COLUMNS: dict[str, Column] = {c.name: c for c in [
-    *_first,
-    *(Column(c, "ms", "pooled") for c in ("median_ms", "ci_low_ms", "ci_high_ms", "mean_ms", "std_ms", "min_ms", "max_ms")),
-    *(Column(c, "", "pooled") for c in ("n", "trials", "trial_medians_ms", "samples_ms")),
-    *(Column(c, "J", "pooled") for c in ("energy_j", "energy_ci_low_j", "energy_ci_high_j", "energy_samples_j")),
-    Column("avg_power_w", "W", "pooled"), Column("host_launch_us", "us", "pooled"),
-    Column("warmup_s", "s", "sum"), Column("timed_s", "s", "sum"), Column("gpu_wait_s", "s", "sum"),
-    *(Column(c, "s", "sum") for c in TIME_COLUMNS),  # a cell's time over all its passes
-    Column("gpu_busy_frac", "", "min"),  # the most host-bound pass speaks for the cell
-    Column("end_sm_clock_mhz", "MHz", "min"),  # the slowest clock any pass ended at
-    Column("energy_read_ms", "ms", "max"),  # the dearest read any pass's process measured
-    Column("concurrent_jobs", "", "max"),  # contamination seen in any pass stays visible
-    *(Column(c, "B", "max") for c in ("peak_mem_bytes", "mem_before_fwd_bytes", "mem_before_bwd_bytes")),
-    Column("finished_at", "", "last"),
-    *(Column(c, "", "join") for c in ("stop_reason", "energy_source", "energy_note", "concurrent_runs", "gpu_lock", "plugin_note")),
-    *(Column(c, "", "derived") for c in ("passes", "pass_medians_ms")),
-]}  # fmt: skip
+_first = [
+    Column(c, "", "first")
+    for c in (
+        *("study", "cell_id", "status", "error", "mode", "phase", "kind"),
+        *("device", "device_name", "driver_version", "torch_version", "cuda_version", "python_version", "git_commit", "host"),
+        *("started_at", "gpu_index", "gpu_uuid", "max_sm_clock_mhz", "gpu_state_note", "cpu_model", "cpu_count", "pass_index"),
+        *("flops", "warmup_steps_run", "first_step_s", "gpu_busy_note", "gpu_note", "memory_note", "batch_size", "tokens", "params"),
+        *("optimizer", "precision", "causal", "output_bytes", "score_matrix_bytes", "profiled_steps", "device_kind", "model"),
+    )
+]
+COLUMNS: dict[str, Column] = {
+    c.name: c
+    for c in [
+        *_first,
+        *(Column(c, "ms", "pooled") for c in ("median_ms", "ci_low_ms", "ci_high_ms", "mean_ms", "std_ms", "min_ms", "max_ms")),
+        *(Column(c, "", "pooled") for c in ("n", "trials", "trial_medians_ms", "samples_ms")),
+        *(Column(c, "J", "pooled") for c in ("energy_j", "energy_ci_low_j", "energy_ci_high_j", "energy_samples_j")),
+        Column("avg_power_w", "W", "pooled"),
+        Column("host_launch_us", "us", "pooled"),
+        Column("warmup_s", "s", "sum"),
+        Column("timed_s", "s", "sum"),
+        Column("gpu_wait_s", "s", "sum"),
+        *(Column(c, "s", "sum") for c in TIME_COLUMNS),  # a cell's time over all its passes
+        Column("gpu_busy_frac", "", "min"),  # the most host-bound pass speaks for the cell
+        Column("end_sm_clock_mhz", "MHz", "min"),  # the slowest clock any pass ended at
+        Column("energy_read_ms", "ms", "max"),  # the dearest read any pass's process measured
+        Column("concurrent_jobs", "", "max"),  # contamination seen in any pass stays visible
+        *(Column(c, "B", "max") for c in ("peak_mem_bytes", "mem_before_fwd_bytes", "mem_before_bwd_bytes")),
+        Column("finished_at", "", "last"),
+        *(Column(c, "", "join") for c in ("stop_reason", "energy_source", "energy_note", "concurrent_runs", "gpu_lock", "plugin_note")),
+        *(Column(c, "", "derived") for c in ("passes", "pass_medians_ms")),
+    ]
+}
 # Column families by name: the GPU/host state around the timed blocks (measure.gpu_state), the CUDA-graph
 # replay's statistics (GPU_TIME_PREFIX, folded as the eager ones) and every pass's own span and GPU.
 PREFIX_FOLDS = (("start_", "first"), ("end_", "last"), ("pass_", "derived"))

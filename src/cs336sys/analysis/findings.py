@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from cs336sys.analysis.drift import drift_class
 from cs336sys.analysis.metrics import FLAG_DEFAULTS
-from cs336sys.analysis.passes import drift_class
 from cs336sys.analysis.tables import OK, ok_rows
 from cs336sys.measure.stats import Interval, ratio_interval, significant
 
@@ -71,8 +71,10 @@ def intervals(df: pd.DataFrame) -> list[Interval]:
     high = df["ci_high_ms"] if "ci_high_ms" in df else pd.Series(np.nan, index=df.index)
     n = df["n"] if "n" in df else pd.Series(0, index=df.index)
     trials = df["trials"] if "trials" in df else pd.Series(1, index=df.index)
-    return [Interval(float(m), float(lo), float(hi), int(k) if pd.notna(k) else 0, int(t) if pd.notna(t) else 1)
-            for m, lo, hi, k, t in zip(df["median_ms"], low, high, n, trials)]  # fmt: skip
+    return [
+        Interval(float(m), float(lo), float(hi), int(k) if pd.notna(k) else 0, int(t) if pd.notna(t) else 1)
+        for m, lo, hi, k, t in zip(df["median_ms"], low, high, n, trials)
+    ]
 
 
 # A ratio whose interval holds 1 but lies within ±TIGHT_REL of it is an answer too: "no difference
@@ -166,9 +168,18 @@ def paired_ratios(df: pd.DataFrame, index: list[str], column: str, top: str, bot
     for key in common:
         (ia,), (ib,) = intervals(a.loc[[key]]), intervals(b.loc[[key]])
         ratio = ratio_interval(ia, ib)
-        out.append({**dict(zip(index, key if isinstance(key, tuple) else (key,))), f"{top}_ms": ia.median, f"{bottom}_ms": ib.median,
-                    "ratio": ratio.median, "ratio_low": ratio.low, "ratio_high": ratio.high,
-                    "significant": significant(ia, ib), "finding": describe_ratio(ratio)})  # fmt: skip
+        out.append(
+            {
+                **dict(zip(index, key if isinstance(key, tuple) else (key,))),
+                f"{top}_ms": ia.median,
+                f"{bottom}_ms": ib.median,
+                "ratio": ratio.median,
+                "ratio_low": ratio.low,
+                "ratio_high": ratio.high,
+                "significant": significant(ia, ib),
+                "finding": describe_ratio(ratio),
+            }
+        )
     return pd.DataFrame(out)
 
 

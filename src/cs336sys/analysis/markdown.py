@@ -146,8 +146,9 @@ def readable(df: pd.DataFrame, floatfmt: str = ".4g", empty: Empty = NOT_APPLICA
             column, header = column.astype(float) / MIB, header[: -len("_bytes")] + "_mib"
         if numeric and _is_mib(header) and _gib_reads_better(column.astype(float)):
             column, header, fmt = column.astype(float) / 1024, _in_gib(header), format_gib
-        out[header] = [_explain_empty(s, default) if is_empty(v) else fmt(v) if numeric or is_number(v) else str(v)
-                       for v, s in zip(column, status)]  # fmt: skip
+        out[header] = [
+            _explain_empty(s, default) if is_empty(v) else fmt(v) if numeric or is_number(v) else str(v) for v, s in zip(column, status)
+        ]
         align.append("right" if numeric else "left")
     return pd.DataFrame(out, columns=list(out)), align
 

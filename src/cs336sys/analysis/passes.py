@@ -31,14 +31,14 @@ Failure rows are kept from every pass (once per distinct failure).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
+from cs336sys.analysis.drift import POOLED, drift_class, pair_busy, pass_interval, pooled_drift
 from cs336sys.columns import FOLDS, GPU_TIME_PREFIX, GPU_TIME_STATS, PAIR_KIND, fold_of, sample_stats, stat_columns, timed_kind, undeclared
-from cs336sys.measure.stats import log_t_interval, median_ci_order, paired_ratio, summarize_trials, t_quantile_975, trial_ci
+from cs336sys.measure.stats import median_ci_order, paired_ratio, summarize_trials, trial_ci
 
 PASS = "pass_index"
 KEY = ["cell_id", "mode", "phase"]
@@ -58,59 +58,6 @@ def widen(median: float, low: float, high: float, floor_rel: float) -> tuple[flo
     if not (math.isfinite(median) and floor_rel > 0):
         return low, high
     return (min(low, median * (1 - floor_rel)), max(high, median * (1 + floor_rel)))
-
-
-def _log_spread(pass_medians: Sequence[float]) -> tuple[float, int]:
-    """Sum of squared deviations of log pass medians from their mean, and its degrees of freedom."""
-    m = np.log([x for x in pass_medians if math.isfinite(x) and x > 0])
-    if m.size < 2:
-        return 0.0, 0
-    return float(((m - m.mean()) ** 2).sum()), int(m.size - 1)
-
-
-def pooled_drift(groups: Sequence[tuple[str, Sequence[float]]]) -> dict[str, tuple[float, int]]:
-    """Per class: the pooled standard deviation of log pass medians, and its degrees of freedom.
-
-    ``groups`` holds (class, pass medians) per cell. Pooling the between-pass variance
-    over the cells of a class (host-bound or not) gives an estimate with many degrees
-    of freedom where one cell's two passes give one, whose t quantile (12.7) would
-    make every interval eight times its spread.
-    """
-    totals: dict[str, list[float]] = {}
-    for cls, medians in groups:
-        ss, df = _log_spread(medians)
-        if df:
-            acc = totals.setdefault(cls, [0.0, 0])
-            acc[0] += ss
-            acc[1] += df
-    return {cls: (math.sqrt(ss / df), int(df)) for cls, (ss, df) in totals.items()}
-
-
-def pass_interval(median: float, pass_medians: Sequence[float], pooled: tuple[float, int] | None) -> tuple[float, float] | None:
-    """The between-pass part of a cell's interval.
-
-    Pooled (the cell's drift class has at least :data:`MIN_POOL_DF` degrees of freedom):
-    median·exp(±t(df)·s/√P) on the log scale, with s the larger of the pool's spread and
-    this cell's own and df the pool's. Otherwise the Student-t interval of this cell's log
-    pass medians alone (t = 12.7 with two passes: wide, but never below zero). None with one pass.
-    """
-    ss, df_cell = _log_spread(pass_medians)
-    if not df_cell or not (math.isfinite(median) and median > 0):
-        return None
-    if pooled is None or pooled[1] < max(df_cell, MIN_POOL_DF):
-        _, low, high = log_t_interval(pass_medians)
-        return low, high
-    s_pool, df = pooled
-    half = t_quantile_975(df) * max(s_pool, math.sqrt(ss / df_cell)) / math.sqrt(df_cell + 1)
-    return median * math.exp(-half), median * math.exp(half)
-
-
-# Every drift class pools its between-pass drift, GPU-bound cells (0.2-0.7% between runs on the
-# H100) and launch-bound ones (2% to 90%) apart; a cell's own spread still wins where it is wider
-# (pass_interval), so a wild cell stays wild. A pool needs MIN_POOL_DF degrees of freedom: two
-# passes of one cell alone give one, t = 12.7, and the "[0, 129] ms" intervals of launch-bound rows.
-POOLED = frozenset({"gpu-bound", "partly host-bound", "launch-bound", "unknown"})  # unknown: a CPU run
-MIN_POOL_DF = 3
 
 
 def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, int] | None = None, axes: Sequence[str] = ()) -> dict:
@@ -147,11 +94,21 @@ def combine_timed(group: pd.DataFrame, floor_rel: float, pooled: tuple[float, in
     row.update(n=int(n.sum()), trials=len(trial_medians), trial_medians_ms=";".join(f"{m:.4f}" for m in trial_medians))
     if have_steps:
         x = pooled_steps
-        row.update(mean_ms=float(x.mean()), std_ms=float(x.std(ddof=1)) if x.size > 1 else 0.0, min_ms=float(x.min()),
-                   max_ms=float(x.max()), samples_ms=";".join(f"{s:.4f}" for s in x) if x.size <= 500 else "")  # fmt: skip
+        row.update(
+            mean_ms=float(x.mean()),
+            std_ms=float(x.std(ddof=1)) if x.size > 1 else 0.0,
+            min_ms=float(x.min()),
+            max_ms=float(x.max()),
+            samples_ms=";".join(f"{s:.4f}" for s in x) if x.size <= 500 else "",
+        )
     else:
-        row.update(mean_ms=float(np.average(group["mean_ms"], weights=n)), min_ms=float(group["min_ms"].min()),
-                   max_ms=float(group["max_ms"].max()), std_ms=float(group["std_ms"].max()), samples_ms="")  # fmt: skip
+        row.update(
+            mean_ms=float(np.average(group["mean_ms"], weights=n)),
+            min_ms=float(group["min_ms"].min()),
+            max_ms=float(group["max_ms"].max()),
+            std_ms=float(group["std_ms"].max()),
+            samples_ms="",
+        )
     if have_steps:
         row.update(sample_stats(pooled_steps))
     else:  # no steps to pool (do_bench's passes): each statistic as the centre above, the median of the passes'
@@ -202,8 +159,12 @@ def combine_energy(group: pd.DataFrame, floor_rel: float) -> dict:
     pooled = [x for s in per_pass for x in s]
     iv = summarize_trials([[x] for x in pooled])  # each block one draw, as within a pass
     low, high = widen(iv.median, iv.low, iv.high, floor_rel)
-    return out | {"energy_j": iv.median, "energy_ci_low_j": max(low, 0.0) if math.isfinite(low) else math.nan, "energy_ci_high_j": high,
-                  "energy_samples_j": ";".join(f"{x:.6g}" for x in pooled)}  # fmt: skip
+    return out | {
+        "energy_j": iv.median,
+        "energy_ci_low_j": max(low, 0.0) if math.isfinite(low) else math.nan,
+        "energy_ci_high_j": high,
+        "energy_samples_j": ";".join(f"{x:.6g}" for x in pooled),
+    }
 
 
 HOST_PROBE = "host_launch_us"
@@ -250,8 +211,9 @@ def combine_pairs(group: pd.DataFrame, pooled: tuple[float, int] | None = None, 
     itself moves with the host between passes (an eager step over its graph replay is
     larger on a slower host): on an H200, runs minutes apart put only 47% of the ratios
     inside each other's paired intervals. So, as for timed rows, the interval is the
-    envelope of the paired one and the between-pass one (:func:`pass_interval`, drift
-    pooled over the study's comparisons of the same kind, ``pooled``). A pass that could not pair adds nothing.
+    envelope of the paired one and the between-pass one
+    (:func:`cs336sys.analysis.drift.pass_interval`, drift pooled over the study's
+    comparisons of the same kind, ``pooled``). A pass that could not pair adds nothing.
     The interval floor applies as to timed rows: on an H100, a GPU-bound ratio paired within ±0.2%
     moved 0.5% between runs.
     """
@@ -271,45 +233,20 @@ def combine_pairs(group: pd.DataFrame, pooled: tuple[float, int] | None = None, 
     if between is not None and all(math.isfinite(x) for x in between):
         low, high = min(low, between[0]), max(high, between[1])
     low, high = widen(ratio.median, low, high, floor_rel)
-    row.update(ratio=ratio.median, ratio_ci_low=low, ratio_ci_high=high, pairs=ratio.n, passes=len(group),
-               pass_ratios=";".join(f"{r:.4f}" for r in _pass_ratios(group)),
-               own_ms=float(np.median(own)), partner_ms=float(np.median(other)),
-               own_blocks_ms=";".join(f"{x:.4f}" for x in own), partner_blocks_ms=";".join(f"{x:.4f}" for x in other),
-               stop_reason=";".join(dict.fromkeys(str(v) for v in group["stop_reason"].dropna())))  # fmt: skip
+    row.update(
+        ratio=ratio.median,
+        ratio_ci_low=low,
+        ratio_ci_high=high,
+        pairs=ratio.n,
+        passes=len(group),
+        pass_ratios=";".join(f"{r:.4f}" for r in _pass_ratios(group)),
+        own_ms=float(np.median(own)),
+        partner_ms=float(np.median(other)),
+        own_blocks_ms=";".join(f"{x:.4f}" for x in own),
+        partner_blocks_ms=";".join(f"{x:.4f}" for x in other),
+        stop_reason=";".join(dict.fromkeys(str(v) for v in group["stop_reason"].dropna())),
+    )
     return row
-
-
-def partner_cell(cell_id: str, pair_with: str) -> str:
-    """The cell id of a comparison's partner: ``pair_with`` (``axis=value``) in place of the cell's own value."""
-    axis, _, value = str(pair_with).partition("=")
-    return re.sub(rf"(^|_){re.escape(axis)}=[^_]*", lambda m: f"{m.group(1)}{axis}={value}", str(cell_id), count=1)
-
-
-def pair_busy(cell_id: str, mode: str, pair_with: str, busy) -> float | None:
-    """The lower busy share of a comparison's two sides (``busy``: (cell id, mode) → the step's share): an
-    fp32 step paired with its launch-bound bf16 partner moves with the host as the bf16 one does (on an
-    H100, 2.00 in one pass and 1.01 in the next)."""
-    if not len(busy):
-        return None
-    own = busy.get((cell_id, mode))
-    other = busy.get((partner_cell(cell_id, pair_with), mode))
-    sides = [float(b) for b in (own, other) if b is not None and pd.notna(b)]
-    return min(sides) if sides else None
-
-
-def drift_class(busy: object, min_gpu_busy: float) -> str:
-    """Cells pool their between-pass drift with cells whose GPU was about as busy.
-
-    Drift comes from the host, so it grows with the share of a step the GPU waits
-    on Python: GPU-bound (busy ≥ ``min_gpu_busy``), partly host-bound (≥ half of
-    that) and launch-bound cells drift differently. Between runs h100-e2e-p1/-p2
-    (H100, report/h100-repeatability-passes) their rows moved by a median 0.18%,
-    0.36% and 13% (max 0.66%, 0.92%, 93%).
-    """
-    b = pd.to_numeric(pd.Series([busy]), errors="coerce").iloc[0]
-    if pd.isna(b):
-        return "unknown"
-    return "gpu-bound" if b >= min_gpu_busy else "partly host-bound" if b >= min_gpu_busy / 2 else "launch-bound"
 
 
 class UndeclaredColumnError(ValueError):
@@ -324,6 +261,12 @@ def check_declared(timed: pd.DataFrame, axes: Sequence[str]) -> None:
             f"column(s) {', '.join(missing)} of the timed rows have no fold rule: add a Column(name, unit, fold) line "
             f"to cs336sys.columns.COLUMNS (fold one of {', '.join(FOLDS)}) so the merge knows how to combine passes"
         )
+
+
+def _pair_class(first: pd.Series, busy, min_gpu_busy: float) -> str:
+    """A comparison's drift class: the axis it compares, and the drift class of its more host-bound side."""
+    axis = str(first["pair_with"]).partition("=")[0]
+    return f"{axis}/{drift_class(pair_busy(first['cell_id'], first['mode'], first['pair_with'], busy), min_gpu_busy)}"
 
 
 def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0, min_gpu_busy: float = 0.9, axes: Sequence[str] = ()) -> pd.DataFrame:
@@ -348,8 +291,10 @@ def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0, min_gpu_busy: float
     if timed.any():
         check_declared(df[timed], axes)
         groups = [g for _, g in df[timed].fillna({c: "" for c in key}).groupby(key, sort=False, dropna=False)]
-        classes = [drift_class(pd.to_numeric(g.get("gpu_busy_frac"), errors="coerce").min() if "gpu_busy_frac" in g else None, min_gpu_busy)
-                   for g in groups]  # fmt: skip
+        classes = [
+            drift_class(pd.to_numeric(g.get("gpu_busy_frac"), errors="coerce").min() if "gpu_busy_frac" in g else None, min_gpu_busy)
+            for g in groups
+        ]
         pools = pooled_drift([(c, [float(m) for m in g["median_ms"]]) for c, g in zip(classes, groups) if c in POOLED])
         rows = [combine_timed(g, floor_rel, pools.get(c), axes) for c, g in zip(classes, groups)]
         if GPU_TIME_PREFIX + "median_ms" in df:  # the CUDA-graph replay of the same step: GPU-bound by construction
@@ -367,8 +312,7 @@ def combine_passes(df: pd.DataFrame, floor_rel: float = 0.0, min_gpu_busy: float
         busy = (
             df[timed & (df.get("phase", "") == "step")].groupby(["cell_id", "mode"])["gpu_busy_frac"].min() if "gpu_busy_frac" in df else {}
         )
-        kind = [f"{str(g['pair_with'].iloc[0]).partition('=')[0]}/{drift_class(pair_busy(*g.iloc[0][['cell_id', 'mode', 'pair_with']], busy), min_gpu_busy)}"
-                for g in pair_groups]  # fmt: skip
+        kind = [_pair_class(g.iloc[0], busy, min_gpu_busy) for g in pair_groups]
         pair_pools = pooled_drift([(k, _pass_ratios(g)) for k, g in zip(kind, pair_groups)])
         parts.append(pd.DataFrame([combine_pairs(g, pair_pools.get(k), floor_rel) for k, g in zip(kind, pair_groups)]))
     other = df[ok & ~timed & ~pairs]

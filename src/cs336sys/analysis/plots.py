@@ -6,18 +6,17 @@ failed cells (oom, timeout, error) are drawn as ✕ markers at the top of the ax
 at their x position, never silently dropped. Readable at a viewer's width: titles
 wrap to fit their figure or panel, figures of many panels are laid out two panels
 a row with one shared legend, long labels (kernel names) are shortened in the
-middle with a legend of the full names, groups of model sizes follow the size
-table, and no error bar reaches below zero. Each series has its own colour and
-marker (and the same ones in every panel of a figure); where every series has one
-point on a single x, the panel is a dot chart with one named position per series.
+middle with a legend of the full names (:mod:`cs336sys.analysis.long_labels`),
+groups of model sizes follow the size table, and no error bar reaches below zero.
+Each series has its own colour and marker (and the same ones in every panel of a
+figure); where every series has one point on a single x, the panel is a dot chart
+with one named position per series.
 The series styles and the PNG writer live in :mod:`cs336sys.analysis.figure_style`.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -111,70 +110,6 @@ def shared_legend(axes: Sequence, where) -> None:
         where.legend(list(entries.values()), list(entries), loc="center", frameon=False, fontsize=7)
 
 
-def shorten_middle(text: str, width: int = 60) -> str:
-    """``text`` cut to ``width`` characters in the middle: kernel names differ at the end as often as at the start."""
-    if len(text) <= width:
-        return text
-    head = (width - 1) // 2
-    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
-
-
-def _around(text: str, at: int, width: int) -> str:
-    """``text`` cut to about ``width`` characters: its start, the part around index ``at``, its end."""
-    third = (width - 2) // 3
-    start = min(max(at - third // 2, third), len(text) - 2 * third)
-    return text[:third] + "…" + text[start : start + third] + "…" + text[len(text) - third :]
-
-
-def short_labels(names: Sequence[str], width: int = 60) -> tuple[list[str], list[tuple[str, str]]]:
-    """Labels for ``names``, and the legend (tag, full name) of those shortened.
-
-    A name longer than ``width`` is shortened in the middle and tagged ``[k]`` so that two
-    names stay two labels even where they share all but a few characters (cuBLAS kernels
-    differ in a tile size halfway along); where two shortened names would read the same,
-    each shows the part where it parts from the other instead of its middle.
-    """
-    unique = list(dict.fromkeys(names))
-    long = [n for n in unique if len(n) > width]
-    plain = {n: shorten_middle(n, width - 5) for n in long}  # 5: room for the tag
-    short = dict(plain)
-    for name in long:
-        twins = [o for o in long if o != name and plain[o] == plain[name]]
-        if twins:
-            short[name] = _around(name, max(len(os.path.commonprefix([name, o])) for o in twins), width - 5)
-    tags = {n: f"[{k}]" for k, n in enumerate(long, start=1)}
-    labels = [f"{tags[n]} {short[n]}" if n in tags else n for n in names]
-    return labels, [(tags[n], n) for n in long]
-
-
-def name_legend_lines(legend: Sequence[tuple[str, str]], width_in: float, fontsize: float = 6.0) -> list[str]:
-    """``[k] full name`` lines in monospace, wrapped to ``width_in`` inches (a character is 0.6 em wide)."""
-    if not legend:
-        return []
-    chars = max(40, int(width_in * 72 / (0.6 * fontsize)))
-    indent = " " * (max(len(tag) for tag, _ in legend) + 1)
-    lines = []
-    for tag, name in legend:
-        lines += textwrap.wrap(name, chars, initial_indent=f"{tag:<{len(indent) - 1}} ", subsequent_indent=indent, break_on_hyphens=False)
-    return lines
-
-
-def draw_name_legend(fig, lines: Sequence[str], fontsize: float = 6.0) -> float:
-    """``lines`` in a band added below the figure's panels, as tall as the text measures.
-
-    Returns the band's share of the new height: pass it to :func:`save` as ``bottom``.
-    Call it before :func:`title`, which places the title for the final height.
-    """
-    if not lines:
-        return 0.0
-    text = fig.text(0.02, 0, "Full names:\n" + "\n".join(lines), va="bottom", ha="left", family="monospace", fontsize=fontsize)
-    text.set_in_layout(False)  # the band is its own
-    band_in = text.get_window_extent(fig.canvas.get_renderer()).height / fig.dpi + 0.2
-    fig.set_figheight(fig.get_figheight() + band_in)
-    text.set_y(0.1 / fig.get_figheight())
-    return band_in / fig.get_figheight()
-
-
 CI_ERR = ("err_low", "err_high")
 
 
@@ -182,8 +117,10 @@ def with_ci(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with the bar lengths of each row's 95% interval (``CI_ERR``), 0 where none was recorded."""
     if df.empty or "ci_low_ms" not in df:
         return df.assign(err_low=0.0, err_high=0.0)
-    return df.assign(err_low=(df["median_ms"] - df["ci_low_ms"]).clip(lower=0).fillna(0),
-                     err_high=(df["ci_high_ms"] - df["median_ms"]).clip(lower=0).fillna(0))  # fmt: skip
+    return df.assign(
+        err_low=(df["median_ms"] - df["ci_low_ms"]).clip(lower=0).fillna(0),
+        err_high=(df["ci_high_ms"] - df["median_ms"]).clip(lower=0).fillna(0),
+    )
 
 
 def _label(key: tuple | str, names: Sequence[str]) -> str:
@@ -212,6 +149,13 @@ def error_bars(part: pd.DataFrame, y: str, yerr: str | tuple[str, str] | None) -
     else:
         return None
     return [np.minimum(below, part[y].astype(float).clip(lower=0)).to_numpy(), above.to_numpy()]
+
+
+def _mark_failed(ax, xs, status: str, label: str, color: str = "black") -> None:
+    """Failed cells' markers (by status) at the top of the panel: at their x in data, at 0.96 of the height."""
+    top = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
+    marker = FAIL_MARKERS.get(status, "x")
+    ax.plot(xs, np.full(len(xs), 0.96), marker, color=color, ms=8, mew=2, transform=top, label=f"{status}: {label}", clip_on=False)
 
 
 def draw_lines(
@@ -247,11 +191,9 @@ def draw_lines(
             styles[key if isinstance(key, tuple) else (key,)] = style = style_of(ax.figure, label)
             ax.errorbar(part[x], part[y], yerr=err, ms=3.5, capsize=2, label=label, **style)
     if failed is not None and not failed.empty:
-        top = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
         for (status, *key), part in failed.groupby(["status", *groups]):
             color = styles.get(tuple(key), {}).get("color", "black")
-            ax.plot(part[x], np.full(len(part), 0.96), FAIL_MARKERS.get(status, "x"), color=color, ms=8, mew=2,
-                    transform=top, label=f"{status}: {_label(tuple(key), groups)}", clip_on=False)  # fmt: skip
+            _mark_failed(ax, part[x], status, _label(tuple(key), groups), color)
     # log scales only over drawn data: an axis holding nothing cannot be log-scaled
     if logx and (not df.empty or (failed is not None and not failed.empty)):
         ax.set_xscale("log", base=2)
@@ -283,20 +225,21 @@ def draw_dots(
     ``axhline`` or y label still applies.
     """
     frames = [f for f in (df, failed) if f is not None and not f.empty]
-    keys = sorted({k if isinstance(k, tuple) else (k,) for f in frames for k, _ in f.groupby(list(groups), sort=False)},
-                  key=lambda k: group_key(k, groups))  # fmt: skip
+    keys = sorted(
+        {k if isinstance(k, tuple) else (k,) for f in frames for k, _ in f.groupby(list(groups), sort=False)},
+        key=lambda k: group_key(k, groups),
+    )
     where = {key: i for i, key in enumerate(keys)}
     if not df.empty:
         for key, part in df.groupby(list(groups), sort=False):
             key = key if isinstance(key, tuple) else (key,)
             style = {**style_of(ax.figure, _label(key, groups)), "linestyle": "none"}
-            ax.errorbar(np.full(len(part), where[key]), part[y], yerr=error_bars(part, y, yerr), ms=6, capsize=3,
-                        label=_label(key, groups), **style)  # fmt: skip
+            ax.errorbar(
+                np.full(len(part), where[key]), part[y], yerr=error_bars(part, y, yerr), ms=6, capsize=3, label=_label(key, groups), **style
+            )
     if failed is not None and not failed.empty:
-        top = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
         for (status, *key), part in failed.groupby(["status", *groups]):
-            ax.plot([where[tuple(key)]], [0.96], FAIL_MARKERS.get(status, "x"), color="black", ms=8, mew=2, transform=top,
-                    label=f"{status}: {_label(tuple(key), groups)}", clip_on=False)  # fmt: skip
+            _mark_failed(ax, [where[tuple(key)]], status, _label(tuple(key), groups))
     # values only on the ticks, the axes' names once below them
     ax.set_xticks(range(len(keys)), [", ".join(str(v) for v in k) for k in keys], rotation=30, ha="right", rotation_mode="anchor")
     ax.set_xlim(-0.6, len(keys) - 0.4)
@@ -359,8 +302,8 @@ def plot_scaling(df: pd.DataFrame, path: Path, run: str, groups: Sequence[str], 
     for ax, (mode, phase, column) in zip(axes, panels):
         data, column = in_mib(ok_cells(df, mode=mode, phase=phase), column)
         if column in data and data[column].notna().any():
-            draw_lines(ax, data.dropna(subset=[column]), "seq_len", column, groups, failed=failed_cells(df, mode=mode),
-                       logx=True, logy=True, legend=False)  # fmt: skip
+            ran = data.dropna(subset=[column])
+            draw_lines(ax, ran, "seq_len", column, groups, failed=failed_cells(df, mode=mode), logx=True, logy=True, legend=False)
         else:
             empty_panel(ax, f"{column}: not measured here\n(memory needs CUDA)")
         ax.set_title(f"{mode} {phase}: {column}")

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from cs336sys.fileio import write_text_atomic
-from cs336sys.handout.answers_attention import answers_13, answers_121, answers_mha
+from cs336sys.handout.answers_attention import answers_121, answers_mha
 from cs336sys.handout.answers_common import Run, device
+from cs336sys.handout.answers_flash import answers_13
 from cs336sys.handout.answers_lm import answers_113
 from cs336sys.handout.answers_precision import answers_115
 from cs336sys.handout.answers_profile import answers_114, answers_116

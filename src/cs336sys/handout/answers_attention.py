@@ -1,21 +1,18 @@
-"""Answers of handout §1.2.1 (attention scaling), §1.3 (torch.compile, FlashAttention-2, leaderboard) and of the
-ReLU/SoftMax–Performer benchmark (study ``mha``) from a run's tables."""
+"""Answers of handout §1.2.1 (attention scaling) and of the ReLU/SoftMax–Performer benchmark (study ``mha``)
+from a run's tables."""
 
 from __future__ import annotations
 
-import itertools
 import re
 
 import pandas as pd
 
-from cs336sys.analysis.findings import PAIRED, paired_ratios
-from cs336sys.analysis.markdown import md_table
+from cs336sys.analysis.findings import paired_ratios
 from cs336sys.analysis.peaks import peak_tflops
 from cs336sys.analysis.tables import ok_rows
-from cs336sys.handout.answers_common import Note, Run, cannot_measure, device, first, links, listing, mib, not_measured, num, section
+from cs336sys.handout.answers_common import Note, Run, device, first, links, listing, mib, not_measured, num, section
 
 QA = list[tuple[str, str]]
-SHAPE = ["seq_len", "head_dim", "precision", "num_heads"]
 
 
 def _reference(df: pd.DataFrame) -> dict:
@@ -47,8 +44,12 @@ def _attention_qa(run: Run) -> list[str]:
     for d in sorted(rows["d_model"].unique()):
         part = rows[(rows["d_model"] == d) & (rows["mode"] == "train")]
         lo, hi = part["seq_len"].min(), part["seq_len"].max()
-        times = [f"{ph} {note.ms(first(part, seq_len=lo, phase=ph))} at {lo} → {note.ms(first(part, seq_len=hi, phase=ph))} at {hi}"
-                 for ph in ("forward", "backward") if first(part, seq_len=lo, phase=ph) is not None and first(part, seq_len=hi, phase=ph) is not None]  # fmt: skip
+        ends = [(ph, first(part, seq_len=lo, phase=ph), first(part, seq_len=hi, phase=ph)) for ph in ("forward", "backward")]
+        times = [
+            f"{ph} {note.ms(at_lo)} at {lo} → {note.ms(at_hi)} at {hi}"
+            for ph, at_lo, at_hi in ends
+            if at_lo is not None and at_hi is not None
+        ]
         per_d.append(f"d_model {d}: {', '.join(times)}")
     batch = rows["batch_size"].dropna() if "batch_size" in rows else pd.Series(dtype=float)
     batch = f", batch {int(batch.max())}" if len(batch) else ""
@@ -78,9 +79,13 @@ def _attention_qa(run: Run) -> list[str]:
             if hi["seq_len"] > lo["seq_len"] and lo["kept_for_backward_mib"] > 0
             else ""
         )
-        b = (f"With d_model {d}, {_name(ref)} keeps {num(hi['kept_for_backward_mib'])} MiB for the backward at seq_len {hi['seq_len']}, "
-             f"{hi['kept_in_LxL_matrices']:.3g} (batch, L, L) matrices of {num(hi['one_LxL_matrix_mib'])} MiB{grows}"
-             + (f"; at {hi['seq_len']}, {listing(rest)}" if rest else "") + "." + links(section("attention")))  # fmt: skip
+        b = (
+            f"With d_model {d}, {_name(ref)} keeps {num(hi['kept_for_backward_mib'])} MiB for the backward at seq_len {hi['seq_len']}, "
+            f"{hi['kept_in_LxL_matrices']:.3g} (batch, L, L) matrices of {num(hi['one_LxL_matrix_mib'])} MiB{grows}"
+            + (f"; at {hi['seq_len']}, {listing(rest)}" if rest else "")
+            + "."
+            + links(section("attention"))
+        )
 
     front = facts.frontier
     hit = front[front["first_oom"].notna()]
@@ -91,8 +96,10 @@ def _attention_qa(run: Run) -> list[str]:
         for r in hit.itertuples():
             err = df[(df["status"] == "oom") & (df["seq_len"] == r.first_oom) & (df["impl"] == r.impl) & (df["activation"] == r.activation)]
             asked = re.search(r"Tried to allocate [\d.]+ \w+", " ".join(err["error"].astype(str)))
-            fails.append(f"{r.impl} {r.activation} (d_model {r.d_model}, {r.precision}) at seq_len {r.first_oom:.0f}"
-                         f"{_ran(r.largest_ok)}{f' ({asked.group(0)})' if asked else ''}")  # fmt: skip
+            fails.append(
+                f"{r.impl} {r.activation} (d_model {r.d_model}, {r.precision}) at seq_len {r.first_oom:.0f}"
+                f"{_ran(r.largest_ok)}{f' ({asked.group(0)})' if asked else ''}"
+            )
         c = f"On {dev}, the first out-of-memory: {listing(fails)}; the other configurations ran every length." + links(section("attention"))
 
     slopes = facts.slopes
@@ -100,8 +107,11 @@ def _attention_qa(run: Run) -> list[str]:
     mem = [f"{r.impl} {r.activation} {r.slope_step_mem:.3g}" for r in slopes.itertuples() if pd.notna(r.slope_step_mem)]
     tim = [f"{r.impl} {r.activation} {r.slope_forward_time:.3g}" for r in slopes.itertuples() if pd.notna(r.slope_forward_time)]
     peak = f"peak memory: {', '.join(mem)}" if mem else f"peak memory not measured (memory statistics need a CUDA device; this run: {dev})"
-    d_ = (f"Log–log slope in seq_len over the longest lengths that ran (2 is quadratic) — {peak}; forward time: {', '.join(tim)}."
-          + links(section("attention"), fig)) if tim else not_measured("`attention.grid.seq_len` with two or more lengths")  # fmt: skip
+    if tim:
+        slope = f"Log–log slope in seq_len over the longest lengths that ran (2 is quadratic) — {peak}; forward time: {', '.join(tim)}."
+        d_ = slope + links(section("attention"), fig)
+    else:
+        d_ = not_measured("`attention.grid.seq_len` with two or more lengths")
     return [a, b, c, d_]
 
 
@@ -113,8 +123,11 @@ def _bandwidth(rows: pd.DataFrame) -> str:
     top = rows[rows["seq_len"] == rows["seq_len"].max()]
     top = top[top["d_model"] == top["d_model"].max()].sort_values("phase", key=lambda s: s != "forward")
     first_row = top.iloc[0]
-    parts = [f"the {r.phase} moves {num(r.bytes_moved / 1e9, 3)} GB at {num(r.achieved_gbps, 3)} GB/s ({100 * r.bw_frac:.0f}%"
-             + (f" of the {num(r.peak_gbps)} GB/s DRAM peak)" if i == 0 else ")") for i, r in enumerate(top.itertuples())]  # fmt: skip
+    parts = [
+        f"the {r.phase} moves {num(r.bytes_moved / 1e9, 3)} GB at {num(r.achieved_gbps, 3)} GB/s ({100 * r.bw_frac:.0f}%"
+        + (f" of the {num(r.peak_gbps)} GB/s DRAM peak)" if i == 0 else ")")
+        for i, r in enumerate(top.itertuples())
+    ]
     text = f" At seq_len {first_row['seq_len']} (d_model {first_row['d_model']}), bytes counted per op, {', '.join(parts)}"
     peak = peak_tflops(str(first_row["device_name"]), str(first_row["precision"]))
     if set(top["bound"].dropna()) == {"memory"} and peak:
@@ -131,146 +144,6 @@ def answers_121(run: Run) -> QA:
         ("(b) How much memory is held for the backward, and how does it grow?", b),
         ("(c) Where does it run out of memory?", c),
         ("(d) How does memory scale with sequence length?", d),
-    ]
-
-
-def _compile(run: Run) -> str:
-    parts, note, used = [], Note(run.rows("attention"), run.rows("e2e"), run.rows("warmup")), []
-    att = run.rows("attention")
-    if att is not None and {"eager", "compiled"} <= set(ok_rows(att)["impl"]):
-        r = paired_ratios(
-            ok_rows(att, mode="train", phase="step"),
-            ["d_model", "seq_len", "activation", "causal", "precision"],
-            "impl",
-            "eager",
-            "compiled",
-        )
-        if not r.empty:
-            top = r.sort_values("seq_len").iloc[-1]
-            used.append("attention")
-            parts.append(
-                f"eager / compiled attention training step at seq_len {top['seq_len']} (d_model {top['d_model']}): {note.ratio(top)}"
-            )
-    e2e = run.rows("e2e")
-    r = run.facts("e2e").compared["compile"] if e2e is not None and "compile" in e2e else pd.DataFrame()
-    if not r.empty:
-        # paired first, then pairs launched the same way (eager launches first; a CUDA-graph run may have only graphed pairs)
-        r = r.assign(_paired=r["source"] != PAIRED).sort_values(["_paired", "cuda_graphs"], kind="stable")
-        used.append("e2e")
-        graphed = lambda x: ", CUDA graphs" if int(x.get("cuda_graphs", 0) or 0) else ""  # noqa: E731
-        paired = lambda x: ", paired in one process" if x["source"] == PAIRED else ""  # noqa: E731
-        parts += [f"eager / compiled {x['mode']} step of {x['size']} (context {x['context_length']}, {x['precision']}, {x['impl']}{graphed(x)}{paired(x)}): "
-                  f"{note.compared(x, faster='compiled is faster', slower='compiled is slower')}" for _, x in r.iterrows()][:4]  # fmt: skip
-    warm = run.rows("warmup")
-    if not parts and warm is not None and ok_rows(warm)["compile"].nunique() > 1:
-        rows = ok_rows(warm, warmup_steps=ok_rows(warm)["warmup_steps"].max())
-        r = paired_ratios(rows[rows["phase"] == "step"], ["mode"], "compile", 0, 1)
-        used += ["warmup"] if not r.empty else []
-        parts += [f"eager / compiled {x['mode']} step after warm-up (warmup study): {note.ratio(x)}" for _, x in r.iterrows()]
-    if not parts:
-        return not_measured("`e2e.grid.compile: [false, true]` or `attention.grid.impl: [eager, compiled]`")
-    return note.end(f"On {device(att, e2e, warm)}: {'; '.join(parts)} (above 1×: compiled is faster).") + links(*map(section, used))
-
-
-def _graphs(run: Run) -> str:
-    e2e = run.rows("e2e")
-    ratios = run.facts("e2e").compared["cuda_graphs"] if e2e is not None and "cuda_graphs" in e2e else pd.DataFrame()
-    if ratios.empty:
-        why = run.facts("e2e").gpu_notes if e2e is not None else ()
-        return cannot_measure(f"{why[0]}; this run: {device(e2e)}") if why else not_measured("`e2e.grid.cuda_graphs: [false, true]`")
-    note = Note(e2e)
-    parts = [
-        f"{r['mode']} step of {r['size']} (context {r['context_length']}, {r['precision']}, {r['impl']}): "
-        f"{note.compared(r, faster='the graph is faster', slower='the graph is slower')}"
-        for _, r in ratios.iterrows()
-    ]
-    paired = (ratios["source"] == PAIRED).all()
-    if paired:
-        head = f"Eager launches / the same step replayed as CUDA graphs (one graph per phase), paired in one process on {device(e2e)}"
-        optim = " (the graph replays the same optimizer, captured)" if (ratios["mode"] == "train").any() else ""
-    else:
-        head = f"Eager launches / one replayed CUDA graph on {device(e2e)}"
-        optim = (
-            " (the graph's training step uses fused, capturable AdamW; the eager one the configured optimizer)"
-            if (ratios["mode"] == "train").any() and (ratios["source"] != PAIRED).any()
-            else ""
-        )
-    return note.end(f"{head}: {'; '.join(parts)}{optim}.") + links(section("e2e"))
-
-
-def _leaderboard(run: Run, ok: pd.DataFrame) -> tuple[tuple, str] | None:
-    """The leaderboard shape and where it came from: the run's config, else a shape outside the grid.
-
-    Without a config snapshot (runs before snapshots), the leaderboard cells are the shape whose
-    removal leaves a full product of axis values; where several qualify, the one with the most heads
-    (the leaderboard is multi-head, the flash grid sweeps one head), then the longest sequence.
-    """
-    board = (run.config.get("flash") or {}).get("leaderboard")
-    if board:
-        return tuple(board[k] for k in SHAPE), "the run's `flash.leaderboard`"
-    shapes = set(ok[SHAPE].drop_duplicates().itertuples(index=False, name=None))
-    found = []
-    for s in shapes:
-        rest = shapes - {s}
-        grid = set(itertools.product(*({x[i] for x in rest} for i in range(len(SHAPE)))))
-        if rest and grid == rest and s not in grid:
-            found.append(s)
-    if not found:
-        return None
-    best = max(found, key=lambda s: (s[3], s[0], s[1]))
-    return best, "no config recorded: the cells outside the grid's product" + (", with the most heads" if len(found) > 1 else "")
-
-
-def _flash(run: Run) -> tuple[str, str]:
-    df = run.rows("flash")
-    if df is None:
-        return run.absent("flash", "`flash.grid.impl: [triton, sdpa-flash, …]`"), run.absent("flash", "`flash.leaderboard`")
-    ok = ok_rows(df).dropna(subset=["median_ms"])
-    impls = sorted(ok["impl"].unique())
-    if "triton" not in impls or len(impls) < 2:
-        return not_measured("`flash.grid.impl` with `triton` and a PyTorch implementation"), not_measured("`flash.leaderboard`")
-    note, table, wins = Note(ok), [], []
-    for shape in run.facts("flash").shapes:
-        part = shape.rows
-        row = shape.key | {impl: note.ms(first(part, impl=impl)) for impl in impls if first(part, impl=impl) is not None}
-        # against PyTorch's implementations only: ours, the tutorial kernel and plug-ins are listed in the table
-        if shape.fastest_pytorch is not None:
-            r = shape.versus_ours
-            row["fastest PyTorch / ours"] = f"{shape.fastest_pytorch}: {note.ratio(r)}" if r is not None else "—"
-            # a win: the ratio above 1 and its interval too (a run without intervals counts its ratio alone)
-            wins += [bool(r["ratio"] > 1 and not r["ratio_low"] <= 1)] if r is not None else []
-        table.append(row)
-    table = pd.DataFrame(table)
-    a = note.end(f"On {device(ok)}, our Triton FlashAttention-2 kernel (`triton`) is faster than the fastest PyTorch implementation "
-                 f"in {sum(wins)} of {len(wins)} (shape, phase) rows; median ms (do_bench) per implementation below.") + links(section("flash"))  # fmt: skip
-    a += "\n\n" + md_table(table.rename(columns={"triton": "triton (ours)"}))
-    found = _leaderboard(run, ok)
-    if found is None:
-        return a, not_measured("`flash.leaderboard`")
-    shape, source = found
-    board = ok[(ok[SHAPE].apply(tuple, axis=1) == shape) & (ok["phase"] == "forward_backward")]
-    ours = first(board, impl="triton")
-    if ours is None:
-        return a, not_measured("`flash.leaderboard` with `flash.grid.impl` including `triton`")
-    lb = Note(ok)
-    rivals = []
-    for _, r in board[board["impl"] != "triton"].iterrows():
-        ratio = paired_ratios(board, ["phase"], "impl", r["impl"], "triton")
-        rivals.append(f"{r['impl']} {lb.ms(r)}" + (f" ({lb.ratio(ratio.iloc[0])} our time)" if not ratio.empty else ""))
-    if not rivals:
-        return a, not_measured("`flash.leaderboard` with `flash.grid.impl` including a PyTorch implementation")
-    b = lb.end(f"Leaderboard configuration (seq_len {shape[0]}, head_dim {shape[1]}, {shape[2]}, {shape[3]} heads; {source}) on {device(board)}: "
-               f"forward+backward {lb.ms(ours)} with our Triton kernel, against {listing(rivals)}.") + links(section("flash"))  # fmt: skip
-    return a, b
-
-
-def answers_13(run: Run) -> QA:
-    table, board = _flash(run)
-    return [
-        ("(torch.compile) How much does torch.compile speed up attention and the whole model?", _compile(run)),
-        ("(CUDA graphs) What does launching each kernel from Python cost?", _graphs(run)),
-        ("(FlashAttention-2) How does our Triton kernel compare with PyTorch's implementations?", table),
-        ("(leaderboard) How fast is the leaderboard configuration?", board),
     ]
 
 
@@ -291,17 +164,26 @@ def answers_mha(run: Run) -> QA:
         if mem
         else f"; peak memory not measured (memory statistics need a CUDA device; this run: {device(sel)})"
     )
-    a = (f"Log–log slope in seq_len ({where}) of forward time: {', '.join(fwd)}{peak} (2 is quadratic, 1 linear)." + links(section("mha"), run.figure("mha", f"mha_embed-{dims[0]}"))) if fwd else not_measured("`mha.grid.seq_len` with two or more lengths")  # fmt: skip
+    if fwd:
+        slope = f"Log–log slope in seq_len ({where}) of forward time: {', '.join(fwd)}{peak} (2 is quadratic, 1 linear)."
+        a = slope + links(section("mha"), run.figure("mha", f"mha_embed-{dims[0]}"))
+    else:
+        a = not_measured("`mha.grid.seq_len` with two or more lengths")
     front = _of_dims(facts.frontier, dims)
     hit = [f"{label(r)} at seq_len {r.first_oom:.0f}{_ran(r.largest_ok)}" for r in front.itertuples() if pd.notna(r.first_oom)]
-    b = (f"First out-of-memory ({where}): {listing(hit)}; every other variant ran up to seq_len {sel['seq_len'].max()}." if hit
-         else f"No variant ran out of memory ({where}), up to seq_len {sel['seq_len'].max()}.") + links(section("mha"))  # fmt: skip
+    b = (
+        f"First out-of-memory ({where}): {listing(hit)}; every other variant ran up to seq_len {sel['seq_len'].max()}."
+        if hit
+        else f"No variant ran out of memory ({where}), up to seq_len {sel['seq_len'].max()}."
+    ) + links(section("mha"))
     L = ok_rows(sel, mode="inference", phase="forward").dropna(subset=["median_ms"])["seq_len"].max()
     at = [(label(r), r) for r in ok_rows(sel, seq_len=L).itertuples()] if pd.notna(L) else []
     fw = {name: r for name, r in at if r.mode == "inference" and r.phase == "forward"}
     pk = {name: r.peak_mem_bytes for name, r in at if r.mode == "train" and r.phase == "step" and pd.notna(r.peak_mem_bytes)}
-    c = note.end(f"At seq_len {L} ({where}): " + "; ".join(
-        f"{name} forward {note.ms(r._asdict())}" + (f", training-step peak {mib(pk[name])}" if name in pk else "") for name, r in fw.items()) + ".")  # fmt: skip
+    said = [
+        f"{name} forward {note.ms(r._asdict())}" + (f", training-step peak {mib(pk[name])}" if name in pk else "") for name, r in fw.items()
+    ]
+    c = note.end(f"At seq_len {L} ({where}): " + "; ".join(said) + ".")
     c = (c + links(section("mha"))) if fw else not_measured("`mha.modes` with `inference`")
     return list(zip(_MHA_QUESTIONS, [a, b, c, _relu_vs_softmax(run, sel, note, where)]))
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pandas as pd
 
@@ -12,70 +11,11 @@ from cs336sys.analysis.findings import GRAPH_CELL, NOT_SEPARATED, PAIRED, REPLAY
 from cs336sys.analysis.markdown import is_empty, md_table
 from cs336sys.analysis.tables import ok_rows, timed
 from cs336sys.handout.answers_common import Note, Run, device, first, links, listing, not_measured, num, pct, section, size_order, times
+from cs336sys.handout.lm_rows import Slice, eager_launches, forward_backward, is_wide, same_slice
 
 QA = list[tuple[str, str]]
-EAGER_LAUNCHES = {"compile": 0, "cuda_graphs": 0}  # the handout's plain PyTorch step
 # where the GPU times of a slice came from, where they all came from one place (the e2e facts' `gpu_source`)
 GPU_FROM = {frozenset({REPLAY}): " in the same process", frozenset({GRAPH_CELL}): ", from the CUDA-graph cell of the same configuration"}
-
-
-def eager_rows(df: pd.DataFrame, **where) -> pd.DataFrame:
-    """Timed ok rows of plain eager steps (no torch.compile, no CUDA graph) matching ``where``."""
-    return eager_launches(timed(df, **where))
-
-
-def eager_launches(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows of steps launched eagerly: no torch.compile, no CUDA graph (where the table has those axes)."""
-    for col, value in EAGER_LAUNCHES.items():
-        df = df[df[col] == value] if col in df else df
-    return df
-
-
-def lm_slice(rows: pd.DataFrame) -> tuple | None:
-    """(context_length, precision, impl) measured for the most sizes; fp32, eager and long contexts first."""
-    if rows.empty:
-        return None
-    counts = rows.groupby(["context_length", "precision", "impl"])["size"].nunique()
-    return max(counts.index, key=lambda k: (counts[k], k[1] == "fp32", k[2] == "eager", k[0]))
-
-
-@dataclass(frozen=True)
-class Slice:
-    """The rows of §1.1.3(a): the (context_length, precision, impl) measured for the most sizes, eager launches."""
-
-    key: tuple  # (context_length, precision, impl)
-    part: pd.DataFrame  # its training forward and backward rows
-    gpu: pd.DataFrame  # the GPU times of its training rows (the e2e facts' `gpu`)
-    where: str  # "fp32, eager attention, context 512, batch 4"
-
-
-def forward_backward(run: Run) -> Slice | None:
-    e2e = run.rows("e2e")
-    if e2e is None:
-        return None
-    train = eager_rows(e2e, mode="train")
-    train = train[train["phase"].isin(["forward", "backward"])].dropna(subset=["median_ms"])
-    key = lm_slice(train)
-    if key is None:
-        return None
-    ctx, precision, impl = key
-    part = train[(train["context_length"] == ctx) & (train["precision"] == precision) & (train["impl"] == impl)]
-    batch = part["batch_size"].dropna() if "batch_size" in part else pd.Series(dtype=float)
-    where = f"{precision}, {impl} attention, context {ctx}" + (f", batch {int(batch.iloc[0])}" if len(batch) else "")
-    gpu = _same_slice(run.facts("e2e").gpu, key)
-    return Slice(key, part, gpu[gpu["mode"] == "train"] if not gpu.empty else gpu, where)
-
-
-def _same_slice(df: pd.DataFrame, key: tuple) -> pd.DataFrame:
-    """Rows of one (context_length, precision, impl) slice launched eagerly (no compile, no CUDA graph)."""
-    ctx, precision, impl = key
-    return df if df.empty else eager_launches(df[(df["context_length"] == ctx) & (df["precision"] == precision) & (df["impl"] == impl)])
-
-
-def is_wide(row: pd.Series) -> bool:
-    """True where the row's interval is wider than the `noisy` threshold (the merge's flag)."""
-    flag = row.get("noisy")
-    return bool(flag) if not is_empty(flag) else False
 
 
 def timing_per_size(run: Run, found: Slice | None) -> str:
@@ -114,10 +54,10 @@ def timing_per_size(run: Run, found: Slice | None) -> str:
 def _backward_forward_ratios(run: Run, found: Slice, note: Note) -> str:
     """ " Backward / forward: GPU time …; eager wall time …" for the slice of §1.1.3(a)."""
     text, facts, key, part = "", run.facts("e2e"), found.key, found.part
-    from_gpu = _same_slice(facts.backward_forward_gpu, key) if not found.gpu.empty else pd.DataFrame()
+    from_gpu = same_slice(facts.backward_forward_gpu, key) if not found.gpu.empty else pd.DataFrame()
     if not from_gpu.empty:
         text += f" Backward / forward, GPU time: {listing([f'{s} {note.ratio(first(from_gpu, size=s))}' for s in size_order(run, from_gpu['size'])])}"
-    eager = _same_slice(facts.backward_forward, key)
+    eager = same_slice(facts.backward_forward, key)
     shown = []
     for size in size_order(run, eager["size"]) if not eager.empty else []:
         rows = part[part["size"] == size]
@@ -172,8 +112,10 @@ def _sampling(rows: pd.DataFrame) -> str:
     text = f"trials (timed blocks of steps) per row{over}, by why sampling stopped: {'; '.join(groups)}"
     spread = [x for x in (_pass_spread(r) for _, r in rows.iterrows() if is_wide(r)) if x > 0]
     if spread and (why != "budget").any():  # each pass met its target, yet the merged row is wide: the passes disagree
-        text += (f". The passes disagree (their medians differ by up to {pct(max(spread))}: the host drifted between them), "
-                 "which widens the merged intervals")  # fmt: skip
+        text += (
+            f". The passes disagree (their medians differ by up to {pct(max(spread))}: the host drifted between them), "
+            "which widens the merged intervals"
+        )
     return text
 
 
@@ -228,8 +170,10 @@ def variability(run: Run, found: Slice | None) -> str:
     busy = [busy_words(b) for b in part.get("gpu_busy_frac", pd.Series(dtype=float)).dropna()]
     busy_share = pd.to_numeric(part.get("gpu_busy_frac", pd.Series(dtype=float)), errors="coerce").dropna()
     if any(busy) and len(busy_share):
-        text += (f" The eager steps are host-bound (the GPU was busy {pct(busy_share.min())}–{pct(busy_share.max())} of the step): "
-                 "their time is Python's and the kernel launches' as much as the GPU's, and moves as the host drifts.")  # fmt: skip
+        text += (
+            f" The eager steps are host-bound (the GPU was busy {pct(busy_share.min())}–{pct(busy_share.max())} of the step): "
+            "their time is Python's and the kernel launches' as much as the GPU's, and moves as the host drifts."
+        )
     gpu = found.gpu[found.gpu["phase"].isin(["forward", "backward"])] if not found.gpu.empty else found.gpu
     rel = _rel(gpu) if not gpu.empty else pd.Series(dtype=float)
     if len(rel):
@@ -360,8 +304,10 @@ def _sdpa_pairs(run: Run, note: Note) -> str:
     comp = comp[(comp["source"] == PAIRED) & (comp["mode"] == "train")] if not comp.empty else comp
     if comp.empty:
         return ""
-    said = [f"{r['size']} (context {r['context_length']}, {r['precision']}) {note.compared(r, faster='SDPA is faster', slower='SDPA is slower')}"
-            for _, r in comp.iterrows()]  # fmt: skip
+    said = [
+        f"{r['size']} (context {r['context_length']}, {r['precision']}) {note.compared(r, faster='SDPA is faster', slower='SDPA is slower')}"
+        for _, r in comp.iterrows()
+    ]
     return f" Eager attention / SDPA training step, paired in one process: {'; '.join(said)}."
 
 

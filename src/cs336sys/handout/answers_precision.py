@@ -7,7 +7,7 @@ import pandas as pd
 from cs336sys.analysis.findings import GRAPH_CELL, PAIRED, busy_words, why_wide
 from cs336sys.analysis.tables import ok_rows, timed
 from cs336sys.handout.answers_common import Note, Run, device, links, not_measured, pct, section, size_order
-from cs336sys.handout.answers_lm import eager_launches, is_wide
+from cs336sys.handout.lm_rows import eager_launches, is_wide
 
 QA = list[tuple[str, str]]
 
@@ -95,9 +95,11 @@ def _bf16_gpu_time(run: Run, impl: str, note: Note, steps: pd.DataFrame) -> str:
     busy = pd.to_numeric(steps.get("gpu_busy_frac", pd.Series(dtype=float)), errors="coerce").dropna()
     busy = busy[[bool(busy_words(b)) for b in busy]]  # the host-bound steps only
     if len(busy):
-        text += (f" Where the eager step is host-bound (here the GPU was busy {pct(busy.min())}–{pct(busy.max())} of it), its time "
-                 "is Python's and the kernel launches', which bf16 autocast does not shorten; the GPU time shows what bf16 does "
-                 "to the kernels.")  # fmt: skip
+        text += (
+            f" Where the eager step is host-bound (here the GPU was busy {pct(busy.min())}–{pct(busy.max())} of it), its time "
+            "is Python's and the kernel launches', which bf16 autocast does not shorten; the GPU time shows what bf16 does "
+            "to the kernels."
+        )
     return text
 
 

@@ -20,7 +20,7 @@ from cs336sys.handout.answers_common import (
     section,
     size_order,
 )
-from cs336sys.handout.answers_lm import eager_rows
+from cs336sys.handout.lm_rows import eager_rows
 from cs336sys.measure.flops import attention_core_flops
 
 QA = list[tuple[str, str]]
@@ -92,18 +92,26 @@ def _profile_qa(run: Run) -> list[str]:
 
     nm = run.facts("profile").non_matmul
     nm = nm[nm["cell_id"] == big["cell_id"]]
-    tops = [f"{kernel_name(_full_name(prof, big['cell_id'], r['kernel'], (r['phase'],)))} ({pct(r['share_of_phase'])} of the {p.replace('_', ' ')})"
-            for p in ("forward", "backward", "optimizer_step") for _, r in nm[nm["phase"] == p].head(1).iterrows()]  # fmt: skip
+    tops = [
+        f"{kernel_name(_full_name(prof, big['cell_id'], r['kernel'], (r['phase'],)))} ({pct(r['share_of_phase'])} of the {p.replace('_', ' ')})"
+        for p in ("forward", "backward", "optimizer_step")
+        for _, r in nm[nm["phase"] == p].head(1).iterrows()
+    ]
     shares = [f"{pct(1 - c['inference_matmul_share'])} for {_label(axes, c)}" for c in cells if pd.notna(c["inference_matmul_share"])]
     c_ = f"Non-matmul kernels take {listing(shares)} of an inference forward's kernel time" if shares else ""
     if tops:
         c_ += f"{'; ' if c_ else ''}the largest in {_label(axes, big)}'s training step are {listing(tops)}"
     c_ = (c_ + "." + links(section("profile"))) if c_ else not_measured("`profile` on a device with kernel traces")
 
-    mm = [f"{pct(c['inference_matmul_share'])} vs {pct(c['train_matmul_share'])} for {_label(axes, c)}"
-          for c in cells if pd.notna(c["inference_matmul_share"]) and pd.notna(c["train_matmul_share"])]  # fmt: skip
-    d = (f"Matmul kernels' share of kernel time, inference forward vs whole training step: {'; '.join(mm)}." + links(section("profile"))) if mm else (
-        not_measured("`profile.grid` with `modes` inference and train"))  # fmt: skip
+    mm = [
+        f"{pct(c['inference_matmul_share'])} vs {pct(c['train_matmul_share'])} for {_label(axes, c)}"
+        for c in cells
+        if pd.notna(c["inference_matmul_share"]) and pd.notna(c["train_matmul_share"])
+    ]
+    if mm:
+        d = f"Matmul kernels' share of kernel time, inference forward vs whole training step: {'; '.join(mm)}." + links(section("profile"))
+    else:
+        d = not_measured("`profile.grid` with `modes` inference and train")
 
     return [a, b, c_, d, _softmax_vs_matmul(run, axes, cells)]
 
@@ -172,8 +180,10 @@ def _memory_qa(run: Run) -> list[str]:
     dev = device(mem)
     both = [c for c in part["context_length"].unique() if {"inference", "train"} <= set(part.loc[part["context_length"] == c, "mode"])]
     ctx = max(both) if both else part["context_length"].max()
-    cells = {m: mem.loc[(mem["size"] == size) & (mem["precision"] == precision) & (mem["context_length"] == ctx) & (mem["mode"] == m), "cell_id"]
-             for m in ("inference", "train")}  # fmt: skip
+    cells = {
+        m: mem.loc[(mem["size"] == size) & (mem["precision"] == precision) & (mem["context_length"] == ctx) & (mem["mode"] == m), "cell_id"]
+        for m in ("inference", "train")
+    }
     figs = [run.figure("memory", f"timeline_{ids.iloc[0]}") for ids in cells.values() if len(ids)]
     train = first(part, context_length=ctx, mode="train")
     held = (
@@ -181,8 +191,10 @@ def _memory_qa(run: Run) -> list[str]:
         if train is not None and pd.notna(train["mem_before_bwd_mib"])
         else ""
     )
-    a = (f"On {dev}, {size} at context {ctx} ({precision}): an inference forward peaks at {_peak(part, ctx, 'inference')} allocated, "
-         f"a training step at {_peak(part, ctx, 'train')}{held}.") + links(section("memory"), *figs)  # fmt: skip
+    a = (
+        f"On {dev}, {size} at context {ctx} ({precision}): an inference forward peaks at {_peak(part, ctx, 'inference')} allocated, "
+        f"a training step at {_peak(part, ctx, 'train')}{held}."
+    ) + links(section("memory"), *figs)
     per_ctx = [
         f"{c}: {_peak(part, c, 'inference')} forward, {_peak(part, c, 'train')} training step"
         for c in sorted(part["context_length"].unique())
@@ -191,10 +203,15 @@ def _memory_qa(run: Run) -> list[str]:
         section("memory"), run.figure("memory", "peak_memory")
     )
     c = _precision_memory(run, summary, size, ctx)
-    res = [f"{mib(r['residual_activation_mib'] * MIB)} at context {r['context_length']}"
-           for _, r in part.drop_duplicates("context_length").iterrows() if pd.notna(r["residual_activation_mib"])]  # fmt: skip
-    d = (f"One residual-stream activation of {size} (batch × context × d_model, fp32) is {listing(res)}." + links(section("memory"))) if res else (
-        not_measured("`memory`"))  # fmt: skip
+    res = [
+        f"{mib(r['residual_activation_mib'] * MIB)} at context {r['context_length']}"
+        for _, r in part.drop_duplicates("context_length").iterrows()
+        if pd.notna(r["residual_activation_mib"])
+    ]
+    if res:
+        d = f"One residual-stream activation of {size} (batch × context × d_model, fp32) is {listing(res)}." + links(section("memory"))
+    else:
+        d = not_measured("`memory`")
     big = run.facts("memory").largest
     lines = []
     for mode, ids in cells.items():
@@ -216,8 +233,11 @@ def _precision_memory(run: Run, summary: pd.DataFrame, size: str, ctx) -> str:
     setting = "`memory.grid.precision: [fp32, bf16]`"
     rows = summary[(summary["size"] == size) & (summary["context_length"] == ctx)]
     if {"fp32", "bf16"} <= set(rows["precision"]):
-        peaks = [f"{m}: {_peak(rows[rows['precision'] == 'fp32'], ctx, m)} in fp32, {_peak(rows[rows['precision'] == 'bf16'], ctx, m)} with bf16"
-                 for m in ("inference", "train") if (rows["mode"] == m).any()]  # fmt: skip
+        peaks = [
+            f"{m}: {_peak(rows[rows['precision'] == 'fp32'], ctx, m)} in fp32, {_peak(rows[rows['precision'] == 'bf16'], ctx, m)} with bf16"
+            for m in ("inference", "train")
+            if (rows["mode"] == m).any()
+        ]
         return f"Peak allocated memory of {size} at context {ctx}: {'; '.join(peaks)}." + links(section("memory"))
     e2e = run.rows("e2e")
     steps = eager_rows(e2e, mode="train", phase="step").dropna(subset=["peak_mem_bytes"]) if e2e is not None else pd.DataFrame()

@@ -98,8 +98,10 @@ def _traffic(impl: str) -> str:
     except ValueError:
         raise ValueError(f"implementation {impl!r}: no byte count (not in the catalog; counted: {counted})") from None
     if line.traffic not in catalog.TRAFFIC:
-        raise ValueError(f"implementation {impl!r}: no byte count (its catalog line says nothing of how it moves bytes: "
-                         f"Impl.traffic, one of {', '.join(catalog.TRAFFIC)}; counted: {counted})")  # fmt: skip
+        raise ValueError(
+            f"implementation {impl!r}: no byte count (its catalog line says nothing of how it moves bytes: "
+            f"Impl.traffic, one of {', '.join(catalog.TRAFFIC)}; counted: {counted})"
+        )
     return line.traffic
 
 

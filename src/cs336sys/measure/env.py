@@ -37,10 +37,9 @@ def git_commit() -> str:
         sha = subprocess.run([git, "rev-parse", "--short=12", "HEAD"], cwd=root, env=env, capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:
             return ""
-        dirty = subprocess.run(  # --no-optional-locks: never take the index lock from under the user's own git
-            [git, "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root, env=env, capture_output=True, text=True, timeout=10,
-        )  # fmt: skip
+        # --no-optional-locks: never take the index lock from under the user's own git
+        status = [git, "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"]
+        dirty = subprocess.run(status, cwd=root, env=env, capture_output=True, text=True, timeout=10)
         return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return ""

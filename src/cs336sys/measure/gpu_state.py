@@ -137,11 +137,6 @@ def host_state() -> dict[str, object]:
     return {"cpu_model": model or platform.processor() or platform.machine(), "cpu_count": os.cpu_count(), "load_avg_1m": load}
 
 
-def state_columns(prefix: str, state: dict[str, object]) -> dict[str, object]:
-    """``state`` with every key prefixed: ``state_columns("start_", gpu_state())``."""
-    return {f"{prefix}{key}": value for key, value in state.items()}
-
-
 def throttled(reasons: str) -> bool:
     """True when ``reasons`` (a throttle_reasons value) holds one that slows kernels.
 

@@ -211,20 +211,6 @@ def summarize_trials(trial_samples: Sequence[Sequence[float]], confidence: float
     return Interval(med, min(p[0] for p in parts), max(p[1] for p in parts), n, len(trials))
 
 
-def is_noisy(interval: Interval, threshold_rel: float = 0.05) -> bool:
-    """True if the interval's relative half-width exceeds ``threshold_rel``.
-
-    A cell with fewer than two steps is not flagged: its bounds are nan because
-    its noise cannot be measured, which differs from measured-and-noisy. With
-    two or more steps, a width that cannot be computed counts as noisy, since
-    nothing vouches for the number.
-    """
-    if interval.n < 2:
-        return False
-    rel = interval.half_width_rel
-    return not math.isfinite(rel) or rel > threshold_rel
-
-
 def ratio_interval(a: Interval, b: Interval) -> Interval:
     """Interval for a/b by conservative interval arithmetic: (a.low/b.high, a.high/b.low).
 
@@ -281,16 +267,6 @@ def gpu_busy_fraction(kernel_intervals_us: Sequence[tuple[float, float]], window
         busy += max(0.0, e - max(s, reach))
         reach = max(reach, e)
     return busy / (w1 - w0)
-
-
-def is_host_bound(busy_fraction: float, threshold: float = 0.9) -> bool:
-    """True if the GPU was busy for less than ``threshold`` of the step.
-
-    Such a cell's time measures Python, kernel launches and the CPU as much as
-    the GPU: it moves with host load and says little about the kernels. An
-    unknown fraction (nan) is not flagged.
-    """
-    return not math.isnan(busy_fraction) and busy_fraction < threshold
 
 
 def fmt_interval(iv: Interval, digits: int = 4) -> str:

@@ -4,10 +4,8 @@ A job measures in a forked child. When the job itself dies without a chance to c
 (SIGKILL, the OOM killer, a SLURM or snakemake kill), the child is reparented to PID 1
 (or a subreaper) and goes on running, holding GPU memory and compute and spoiling the
 next cell's timings. ``die_with_parent`` makes the kernel kill the child when its parent
-dies (Linux ``PR_SET_PDEATHSIG``), ``own_process_group`` plus ``kill_process_group`` let a
-job that does exit normally take down everything it started, grandchildren included
-(Triton compile workers, dataloader workers), which PDEATHSIG alone does not reach
-because it is not inherited across fork.
+dies (Linux ``PR_SET_PDEATHSIG``); ``watch_pid`` does the same from a thread where the
+parent to watch is not the child's own.
 """
 
 from __future__ import annotations
@@ -59,7 +57,7 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
 
     Caveats of PDEATHSIG: it fires when the parent *thread* that forked exits, so fork
     from the job's main thread; it is cleared in the child of a fork and on exec of a
-    set-uid binary, so it protects this process only (see ``kill_process_group``).
+    set-uid binary, so it protects this process only, not what it starts.
     """
     armed = sys.platform.startswith("linux") and _prctl_pdeathsig(sig)
     if os.getppid() != parent_pid:
@@ -86,23 +84,6 @@ def watch_pid(pid: int, sig: int = signal.SIGKILL, poll_s: float = 0.5) -> threa
     return thread
 
 
-def own_process_group() -> None:
-    """Make this process the leader of a new process group, if it is not one already.
-
-    Call in the job script before it starts the measuring child, so the child and all
-    its descendants share a group of their own that the job can kill on exit with
-    ``kill_process_group(os.getpgrp())`` without touching snakemake. The job then no
-    longer receives the terminal's Ctrl-C itself; it relies on snakemake to stop it.
-    Session leaders cannot move (EPERM) and are already group leaders.
-    """
-    if os.getpgrp() == os.getpid():
-        return
-    try:
-        os.setpgid(0, 0)
-    except PermissionError:
-        pass
-
-
 def started_at(pid: int) -> float | None:
     """When process ``pid`` started, on the clock of ``time.monotonic()``; None without /proc (or the process)."""
     try:
@@ -112,69 +93,3 @@ def started_at(pid: int) -> float | None:
     except (OSError, ValueError, IndexError, AttributeError):
         return None
     return time.monotonic() - max(age, 0.0)
-
-
-def _group_members(pgid: int) -> list[int] | None:
-    """Live (non-zombie) pids of the group from /proc; None where there is no /proc."""
-    proc = Path("/proc")
-    if not (proc / "self" / "stat").exists():
-        return None
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # exited meanwhile
-        # fields after "(comm)": state ppid pgrp ...; comm may contain spaces and ')'
-        state, _ppid, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]
-        if int(pgrp) == pgid and state not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Send ``sig`` to the group (but never to the caller); False when none is left."""
-    me = os.getpid()
-    members = _group_members(pgid)
-    if members is None:  # no /proc: killpg, which also counts unreaped zombies
-        if os.getpgrp() == pgid:
-            raise ValueError("cannot kill the caller's own process group without /proc")
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return False
-        return True
-    others = [pid for pid in members if pid != me]
-    for pid in others:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-    return bool(others)
-
-
-def kill_process_group(pgid: int, grace_s: float = 2.0) -> None:
-    """SIGTERM every process of group ``pgid``, then SIGKILL what is left after ``grace_s``.
-
-    The caller may belong to the group (a job cleaning up its own group on exit): it is
-    spared. Zombies count as gone and are not reaped here, so the caller keeps its
-    children's exit statuses. A group that no longer exists is not an error; nor is a
-    process that outlives SIGKILL by more than a second (stuck in the driver, state D:
-    it dies when the kernel call returns, and nothing more can be done from here).
-    """
-    if pgid <= 1:
-        raise ValueError(f"refusing to signal process group {pgid}")
-    if not _signal_group(pgid, signal.SIGTERM):
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        if not _signal_group(pgid, 0):
-            return
-    # loop: a member may fork between the scan and the kill
-    for _ in range(50):
-        if not _signal_group(pgid, signal.SIGKILL):
-            return
-        time.sleep(0.02)

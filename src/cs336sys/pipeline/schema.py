@@ -68,8 +68,11 @@ def study_section(name: str, axes: tuple[str, ...]) -> dict[str, Any]:
         )
     section = {"type": "object", "additionalProperties": False, "default": {}}
     grid_schema = {"type": "object", "additionalProperties": False, "default": {}, "properties": grid}
-    return {**section, **({"description": fragment["description"]} if "description" in fragment else {}),
-            "properties": {"grid": grid_schema, **settings}}  # fmt: skip
+    return {
+        **section,
+        **({"description": fragment["description"]} if "description" in fragment else {}),
+        "properties": {"grid": grid_schema, **settings},
+    }
 
 
 def load_schema(schema_path: str | Path = SCHEMA_PATH, offered: catalog.Catalog = catalog.BUILT_IN) -> dict:

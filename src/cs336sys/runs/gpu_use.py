@@ -165,19 +165,3 @@ def per_gpu_line(summary: SweepSummary | None) -> str:
     if summary.tail_s >= 0.5:
         return line + f"; {label} idle for the last {summary.tail_s:.0f} s"
     return line + "; every GPU measured until the end"
-
-
-def _gpu_words(summary: SweepSummary) -> str:
-    n = summary.at_once
-    return "a run on no GPU" if n == 0 else f"{n} GPU{'s' if n > 1 else ''}"
-
-
-def wall_time_ratio(base: SweepSummary, other: SweepSummary) -> str:
-    """How ``other``'s wall time (first cell start to last cell end) compares with ``base``'s, e.g. two GPUs with one."""
-    if base.span_s <= 0 or other.span_s <= 0:
-        return f"{_gpu_words(other)} vs {_gpu_words(base)}: no wall-time ratio (a run without a span)"
-    ratio = other.span_s / base.span_s
-    return (
-        f"{_gpu_words(other)}: {ratio:.2f}× the wall time of {_gpu_words(base)} "
-        f"({other.span_s:.0f} s vs {base.span_s:.0f} s, first cell start to last cell end), {1 / ratio:.2f}× the speed"
-    )

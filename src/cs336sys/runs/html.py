@@ -140,8 +140,10 @@ class Renderer:
         if uri is None:
             return f'<span class="missing">figure missing: {html.escape(src)}</span>'
         ident = f' id="{html.escape(anchor)}"' if anchor else ""
-        return (f'<span class="figure"{ident}><img src="{uri}" alt="{html.escape(alt)}" title="{html.escape(alt)}: click for full size"'
-                " onclick=\"this.classList.toggle('full')\"></span>")  # fmt: skip
+        return (
+            f'<span class="figure"{ident}><img src="{uri}" alt="{html.escape(alt)}" title="{html.escape(alt)}: click for full size"'
+            " onclick=\"this.classList.toggle('full')\"></span>"
+        )
 
     def table(self, lines: Sequence[str]) -> str:
         rows = [[cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))] for line in lines]
@@ -207,8 +209,13 @@ def _starts_block(lines: Sequence[str], j: int) -> bool:
     return bool(line.startswith("```") or _HEADING.match(line) or _LIST_ITEM.match(line) or table)
 
 
-def html_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: Sequence[str], cell: Callable[[str], str] = html.escape,
-               row_classes: Sequence[str] | None = None) -> str:  # fmt: skip
+def html_table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    align: Sequence[str],
+    cell: Callable[[str], str] = html.escape,
+    row_classes: Sequence[str] | None = None,
+) -> str:
     """A table in a horizontally scrolling box; ``align``: "r", "c" or "" per column.
 
     A column of short values keeps each on one line (the box scrolls instead); a column with

@@ -59,16 +59,24 @@ def report_partial(results: Path, report_dir: Path | None = None) -> dict[str, l
         present, missing[study] = study_cells(results, study, config)
         if not present:
             continue
-        merged = merge_cells(present, study, config["peak_tflops"], config["flags"], config["interval_floor_rel"],
-                             config.get("peak_gbps"))  # a run snapshotted before peak_gbps existed has none  # fmt: skip
+        # config.get: a run snapshotted before peak_gbps existed has none
+        merged = merge_cells(present, study, config["peak_tflops"], config["flags"], config["interval_floor_rel"], config.get("peak_gbps"))
         csvs[study] = results / f"{study}.csv"
         write_csv_atomic(merged, csvs[study])
         figures.append(report_dir / "figures" / study)
         plot_study(study, load_study(csvs[study], study), figures[-1], run=run)
     if not csvs:
         raise FileNotFoundError(f"{results}: no cell CSV of any study in {', '.join(config['studies'])}")
-    write_report(out=report_dir / "report.md", run=run, studies=list(csvs), csvs=list(csvs.values()), figure_dirs=figures,
-                 config=config, benchmarks=Path("benchmarks") / run, missing=missing)  # fmt: skip
+    write_report(
+        out=report_dir / "report.md",
+        run=run,
+        studies=list(csvs),
+        csvs=list(csvs.values()),
+        figure_dirs=figures,
+        config=config,
+        benchmarks=Path("benchmarks") / run,
+        missing=missing,
+    )
     write_answers(out=report_dir / "answers.md", run=run, csvs=csvs, config=config)
     return missing
 

@@ -87,9 +87,18 @@ def pair_measures(first: Path, second: Path) -> pd.DataFrame:
         for key in ra.index.intersection(rb.index):
             x, y = ra.loc[key], rb.loc[key]
             low, high = float(x["low"]), float(x["high"])
-            rows.append({"measure": measure, **dict(zip(ra.index.names, key)), "value_a": x["value"], "low_a": low, "high_a": high,
-                         "value_b": y["value"], "b_inside_a": bool(low <= float(y["value"]) <= high),
-                         "rel_diff": float(y["value"]) / float(x["value"]) - 1})  # fmt: skip
+            rows.append(
+                {
+                    "measure": measure,
+                    **dict(zip(ra.index.names, key)),
+                    "value_a": x["value"],
+                    "low_a": low,
+                    "high_a": high,
+                    "value_b": y["value"],
+                    "b_inside_a": bool(low <= float(y["value"]) <= high),
+                    "rel_diff": float(y["value"]) / float(x["value"]) - 1,
+                }
+            )
     order = {EAGER: 0, GPU_TIME: 1, PAIRED: 2}
     out = pd.DataFrame(rows)
     return out.sort_values("measure", key=lambda m: m.map(order), kind="stable").reset_index(drop=True) if not out.empty else out
@@ -102,8 +111,17 @@ def summarize_measures(measures: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (study, measure), part in measures.groupby(["study", "measure"], sort=False):
         diff = part["rel_diff"].abs()
-        out.append({"study": study, "measure": measure, "n": len(part), "second_inside_first_95pct": part["b_inside_a"].mean(),
-                    "median_abs_diff": diff.median(), "max_abs_diff": diff.max(), "within_2pct": (diff <= 0.02).mean()})  # fmt: skip
+        out.append(
+            {
+                "study": study,
+                "measure": measure,
+                "n": len(part),
+                "second_inside_first_95pct": part["b_inside_a"].mean(),
+                "median_abs_diff": diff.median(),
+                "max_abs_diff": diff.max(),
+                "within_2pct": (diff <= 0.02).mean(),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -119,16 +137,23 @@ def pair_runs(first: Path, second: Path, flags: dict | None = None) -> pd.DataFr
     for key in a.index.intersection(b.index):
         ra, rb = a.loc[key], b.loc[key]
         marked = lambda r: _flag(r, "noisy") or _flag(r, "host_bound")  # noqa: E731
-        rows.append({
-            **dict(zip(KEYS, key)),
-            "median_a_ms": ra["median_ms"], "ci_low_a_ms": ra.get("ci_low_ms"), "ci_high_a_ms": ra.get("ci_high_ms"),
-            "median_b_ms": rb["median_ms"], "ci_low_b_ms": rb.get("ci_low_ms"), "ci_high_b_ms": rb.get("ci_high_ms"),
-            "b_inside_a": bool(ra.get("ci_low_ms") <= rb["median_ms"] <= ra.get("ci_high_ms")),
-            "rel_diff": rb["median_ms"] / ra["median_ms"] - 1,
-            "gpu_busy_a": ra.get("gpu_busy_frac"), "gpu_busy_b": rb.get("gpu_busy_frac"),
-            "host_bound": _flag(ra, "host_bound") or _flag(rb, "host_bound"),
-            "flagged_in_both": marked(ra) and marked(rb),
-        })  # fmt: skip
+        rows.append(
+            {
+                **dict(zip(KEYS, key)),
+                "median_a_ms": ra["median_ms"],
+                "ci_low_a_ms": ra.get("ci_low_ms"),
+                "ci_high_a_ms": ra.get("ci_high_ms"),
+                "median_b_ms": rb["median_ms"],
+                "ci_low_b_ms": rb.get("ci_low_ms"),
+                "ci_high_b_ms": rb.get("ci_high_ms"),
+                "b_inside_a": bool(ra.get("ci_low_ms") <= rb["median_ms"] <= ra.get("ci_high_ms")),
+                "rel_diff": rb["median_ms"] / ra["median_ms"] - 1,
+                "gpu_busy_a": ra.get("gpu_busy_frac"),
+                "gpu_busy_b": rb.get("gpu_busy_frac"),
+                "host_bound": _flag(ra, "host_bound") or _flag(rb, "host_bound"),
+                "flagged_in_both": marked(ra) and marked(rb),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -139,15 +164,18 @@ def summarize(pairs: pd.DataFrame) -> pd.DataFrame:
     out = []
     for label, part in (("all rows", pairs), ("not host-bound", pairs[~pairs["host_bound"]]), ("host-bound", pairs[pairs["host_bound"]])):
         moved = part[part["rel_diff"].abs() > MOVED]
-        out.append({
-            "rows": label, "n": len(part),
-            "second_inside_first_95pct": part["b_inside_a"].mean() if len(part) else np.nan,
-            "median_abs_diff": part["rel_diff"].abs().median() if len(part) else np.nan,
-            "max_abs_diff": part["rel_diff"].abs().max() if len(part) else np.nan,
-            "within_2pct": (part["rel_diff"].abs() <= 0.02).mean() if len(part) else np.nan,
-            "moved_over_5pct": len(moved),
-            "moved_and_flagged_in_both": moved["flagged_in_both"].mean() if len(moved) else np.nan,
-        })  # fmt: skip
+        out.append(
+            {
+                "rows": label,
+                "n": len(part),
+                "second_inside_first_95pct": part["b_inside_a"].mean() if len(part) else np.nan,
+                "median_abs_diff": part["rel_diff"].abs().median() if len(part) else np.nan,
+                "max_abs_diff": part["rel_diff"].abs().max() if len(part) else np.nan,
+                "within_2pct": (part["rel_diff"].abs() <= 0.02).mean() if len(part) else np.nan,
+                "moved_over_5pct": len(moved),
+                "moved_and_flagged_in_both": moved["flagged_in_both"].mean() if len(moved) else np.nan,
+            }
+        )
     return pd.DataFrame(out)
 
 

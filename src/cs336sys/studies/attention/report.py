@@ -41,26 +41,32 @@ def figures(df: pd.DataFrame, run: str) -> list:
     for causal in sorted(df["causal"].unique()):
         for prec in sorted(df["precision"].unique()):
             part = df[(df["causal"] == causal) & (df["precision"] == prec)]
-            jobs.append((f"scaling_causal-{causal}_{prec}", lambda p, part=part, c=causal, pr=prec: plot_scaling(
-                part, p, run, ["d_model", "impl", "activation"], PANELS, f"attention scaling, causal={c}, {pr}")))  # fmt: skip
+            what = f"attention scaling, causal={causal}, {prec}"
+            draw = lambda p, part=part, what=what: plot_scaling(part, p, run, ["d_model", "impl", "activation"], PANELS, what)
+            jobs.append((f"scaling_causal-{causal}_{prec}", draw))
     if has_points(df, STUDY.attention_shape):
         jobs.append(("roofline", lambda p: roofline_plot(df, p, run, "attention cores", STUDY.attention_shape)))
     return jobs
 
 
 def findings(df: pd.DataFrame) -> str:
-    parts = ["**Log–log slope in sequence length** (fit over the three largest lengths that ran; ≈2 means quadratic):",
-             md_table(scaling_slopes(df, GROUPS, PANELS), ".3g"),
-             "**Out-of-memory frontier** (largest length that ran, first length that ran out of memory; `none`: no "
-             "length ran, or none ran out of memory):",
-             md_table(oom_frontier(df, GROUPS), empty={"largest_ok": "none", "first_oom": "none"})]  # fmt: skip
+    parts = [
+        "**Log–log slope in sequence length** (fit over the three largest lengths that ran; ≈2 means quadratic):",
+        md_table(scaling_slopes(df, GROUPS, PANELS), ".3g"),
+        "**Out-of-memory frontier** (largest length that ran, first length that ran out of memory; `none`: no "
+        "length ran, or none ran out of memory):",
+        md_table(oom_frontier(df, GROUPS), empty={"largest_ok": "none", "first_oom": "none"}),
+    ]
     check = memory_check(df)
     if check.empty:
         parts.append("Analytic vs measured attention memory: not available (memory statistics need CUDA).")
     else:
-        parts += ["**Memory kept for backward vs one (batch, L, L) matrix** — eager softmax keeps P = softmax(scores), "
-                  "eager ReLU keeps relu(scores) (the 1/L factor is folded into the scale), each one L×L matrix per batch "
-                  "element in the compute dtype; SDPA and fused kernels keep only O(L) statistics:", md_table(check, ".3g")]  # fmt: skip
+        parts += [
+            "**Memory kept for backward vs one (batch, L, L) matrix** — eager softmax keeps P = softmax(scores), "
+            "eager ReLU keeps relu(scores) (the 1/L factor is folded into the scale), each one L×L matrix per batch "
+            "element in the compute dtype; SDPA and fused kernels keep only O(L) statistics:",
+            md_table(check, ".3g"),
+        ]
     parts += [p for p in [roofline_summary(df, STUDY.attention_shape)] if p]
     return "\n\n".join(parts)
 

@@ -102,9 +102,16 @@ def energy_table(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, r in steps.iterrows():
         note = "" if is_empty(r.get("energy_note")) else str(r.get("energy_note"))
-        rows.append({**{k: r[k] for k in LM_KEYS + ["mode"] if k in r}, "J/step [95%]": fmt_interval(energy_interval(r), 3),
-                     "avg W": r.get("avg_power_w"), "tokens/J [95%]": fmt_interval(tokens_interval(r), 3),
-                     "source": r.get("energy_source", ""), "note": note})  # fmt: skip
+        rows.append(
+            {
+                **{k: r[k] for k in LM_KEYS + ["mode"] if k in r},
+                "J/step [95%]": fmt_interval(energy_interval(r), 3),
+                "avg W": r.get("avg_power_w"),
+                "tokens/J [95%]": fmt_interval(tokens_interval(r), 3),
+                "source": r.get("energy_source", ""),
+                "note": note,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -139,11 +146,18 @@ def fastest_per_size(df: pd.DataFrame) -> pd.DataFrame:
         if len(part) < 2:
             continue
         best, second = part.iloc[0], part.iloc[1]
-        rows.append({**dict(zip(BEST_GROUP, key)), "configs_compared": len(part), **best[config + extra].to_dict(),
-                     "runner_up": describe_config(second), "runner_up_ms": second["median_ms"],
-                     "runner_up_ci_low_ms": second.get("ci_low_ms", float("nan")),
-                     "runner_up_ci_high_ms": second.get("ci_high_ms", float("nan")),
-                     "separated": separation(best, second)})  # fmt: skip
+        rows.append(
+            {
+                **dict(zip(BEST_GROUP, key)),
+                "configs_compared": len(part),
+                **best[config + extra].to_dict(),
+                "runner_up": describe_config(second),
+                "runner_up_ms": second["median_ms"],
+                "runner_up_ci_low_ms": second.get("ci_low_ms", float("nan")),
+                "runner_up_ci_high_ms": second.get("ci_high_ms", float("nan")),
+                "separated": separation(best, second),
+            }
+        )
     rows.sort(key=lambda r: (size_key(r["size"]), value_key(r["context_length"]), str(r["mode"])))
     return pd.DataFrame(rows)
 
@@ -151,10 +165,11 @@ def fastest_per_size(df: pd.DataFrame) -> pd.DataFrame:
 def plot_times(df: pd.DataFrame, path: Path, run: str, impl: str) -> Path:
     data = pd.concat([timed(df), df[df["status"] != "ok"]]) if "status" in df else df
     data = data[data["impl"] == impl]
+    groups = [c for c in ("size", "precision", "cuda_graphs") if c in data]
     fig, axes, legend_ax = panel_grid(len(PANELS))
     for ax, (mode, phase) in zip(axes, PANELS):
-        draw_lines(ax, with_ci(ok_cells(data, mode=mode, phase=phase)), "context_length", "median_ms", [c for c in ("size", "precision", "cuda_graphs") if c in data],
-                   yerr=CI_ERR, failed=failed_cells(data, mode=mode), logx=True, logy=True, legend=False)  # fmt: skip
+        cells, failed = with_ci(ok_cells(data, mode=mode, phase=phase)), failed_cells(data, mode=mode)
+        draw_lines(ax, cells, "context_length", "median_ms", groups, yerr=CI_ERR, failed=failed, logx=True, logy=True, legend=False)
         ax.set_title(f"{mode} {phase} (median, 95% interval)")
     shared_legend(axes, legend_ax)
     title(fig, run, data, f"e2e time per size and context, attention={impl}")

@@ -46,8 +46,10 @@ def plot_flash(df: pd.DataFrame, path: Path, run: str, precision: str, heads: in
 
 def figures(df: pd.DataFrame, run: str) -> list:
     pairs = sorted(df[["precision", "num_heads"]].drop_duplicates().itertuples(index=False, name=None))  # the pairs with rows:
-    jobs = [(f"flash_{pr}_heads-{h}", lambda p, pr=pr, h=h: plot_flash(df, p, run, pr, h))  # the leaderboard's 16 heads run bf16 only
-            for pr, h in pairs]  # fmt: skip
+    jobs = [
+        (f"flash_{pr}_heads-{h}", lambda p, pr=pr, h=h: plot_flash(df, p, run, pr, h))  # the leaderboard's 16 heads run bf16 only
+        for pr, h in pairs
+    ]
     shape = STUDY.attention_shape
     return jobs + ([("roofline", lambda p: roofline_plot(df, p, run, "fused attention kernels", shape))] if has_points(df, shape) else [])
 
@@ -58,9 +60,16 @@ def findings(df: pd.DataFrame) -> str:
         return "_(no successful cells)_"
     ms = ok.pivot_table(index=INDEX, columns="impl", values="median_ms").reset_index()
     tf = ok.pivot_table(index=INDEX, columns="impl", values="tflops").reset_index()
-    return "\n\n".join(["**Median ms per implementation** (do_bench; lower is better):", md_table(ms, ".4g"),
-                        "**TFLOP/s** (causal counted at half):", md_table(tf, ".4g"), published(ok),
-                        roofline_summary(df, STUDY.attention_shape)]).strip()  # fmt: skip
+    return "\n\n".join(
+        [
+            "**Median ms per implementation** (do_bench; lower is better):",
+            md_table(ms, ".4g"),
+            "**TFLOP/s** (causal counted at half):",
+            md_table(tf, ".4g"),
+            published(ok),
+            roofline_summary(df, STUDY.attention_shape),
+        ]
+    ).strip()
 
 
 def published(ok: pd.DataFrame) -> str:
@@ -81,8 +90,10 @@ def published(ok: pd.DataFrame) -> str:
             continue
         row = found.loc[found["num_heads"].idxmax()]
         low, high = row["flops"] / row["ci_high_ms"] / 1e9, row["flops"] / row["ci_low_ms"] / 1e9 if row["ci_low_ms"] > 0 else float("inf")
-        lines.append(f"- `{impl}` ({row['num_heads']:.0f} heads): {row['tflops']:.0f} [{low:.0f}, {high:.0f}] TFLOP/s here, "
-                     f"{name} {tflops:.0f} published: {row['tflops'] / tflops:.2f}× [{low / tflops:.2f}, {high / tflops:.2f}]")  # fmt: skip
+        lines.append(
+            f"- `{impl}` ({row['num_heads']:.0f} heads): {row['tflops']:.0f} [{low:.0f}, {high:.0f}] TFLOP/s here, "
+            f"{name} {tflops:.0f} published: {row['tflops'] / tflops:.2f}× [{low / tflops:.2f}, {high / tflops:.2f}]"
+        )
     if not lines:
         return ""
     return f"**Against published figures** ({PUBLISHED_SOURCE}; 95% intervals):\n\n" + "\n".join(lines)

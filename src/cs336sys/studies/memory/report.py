@@ -63,9 +63,15 @@ def findings(df: pd.DataFrame) -> str:
     summary = memory_summary(df)
     if summary.empty:
         return "No memory cell ran here (the study needs CUDA; see the failed-cells list)."
-    return "\n\n".join(["**Peak allocated / reserved, memory before backward, and one fp32 residual-stream activation "
-                         "(batch × context × d_model × 4 bytes), MiB:**", md_table(summary, ".1f"),
-                         "**Largest allocations and where they come from:**", md_table(largest_allocations(df), ".1f")])  # fmt: skip
+    return "\n\n".join(
+        [
+            "**Peak allocated / reserved, memory before backward, and one fp32 residual-stream activation "
+            "(batch × context × d_model × 4 bytes), MiB:**",
+            md_table(summary, ".1f"),
+            "**Largest allocations and where they come from:**",
+            md_table(largest_allocations(df), ".1f"),
+        ]
+    )
 
 
 @dataclass(frozen=True)

@@ -51,14 +51,23 @@ def plot_grid(df: pd.DataFrame, path: Path, run: str, embed: int, kernel: str, m
 
 
 def figures(df: pd.DataFrame, run: str) -> list:
-    return [(f"mha_embed-{e}_{k}_{m}", lambda p, e=e, k=k, m=m: plot_grid(df, p, run, e, k, m))
-            for e in sorted(df["embed_dim"].unique()) for k in sorted(df["kernel"].unique()) for m in METRICS]  # fmt: skip
+    return [
+        (f"mha_embed-{e}_{k}_{m}", lambda p, e=e, k=k, m=m: plot_grid(df, p, run, e, k, m))
+        for e in sorted(df["embed_dim"].unique())
+        for k in sorted(df["kernel"].unique())
+        for m in METRICS
+    ]
 
 
 def findings(df: pd.DataFrame) -> str:
-    return "\n\n".join(["**Log–log slope in sequence length** (≈2 exact, ≈1 performer):", md_table(facts(df).slopes, ".3g"),
-                        "**Out-of-memory frontier** (`none`: no length ran, or none ran out of memory):",
-                        md_table(oom_frontier(df, GROUPS), empty=FRONTIER_EMPTY)])  # fmt: skip
+    return "\n\n".join(
+        [
+            "**Log–log slope in sequence length** (≈2 exact, ≈1 performer):",
+            md_table(facts(df).slopes, ".3g"),
+            "**Out-of-memory frontier** (`none`: no length ran, or none ran out of memory):",
+            md_table(oom_frontier(df, GROUPS), empty=FRONTIER_EMPTY),
+        ]
+    )
 
 
 @dataclass(frozen=True)

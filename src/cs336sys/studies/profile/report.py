@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from cs336sys.analysis.long_labels import draw_name_legend, name_legend_lines, short_labels, shorten_middle
 from cs336sys.analysis.markdown import md_table
-from cs336sys.analysis.plots import draw_name_legend, group_key, name_legend_lines, plt, save, short_labels, shorten_middle, title
+from cs336sys.analysis.plots import group_key, plt, save, title
 from cs336sys.analysis.tables import OK, of_kind
 from cs336sys.measure.profiling import MATMUL_PATTERN
 from cs336sys.studies import study

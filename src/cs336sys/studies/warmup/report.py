@@ -57,8 +57,13 @@ def findings(df: pd.DataFrame) -> str:
     effect = warmup_effect(df)
     if effect.empty:
         return ""
-    return "\n\n".join(["**Warm-up effect** (fewest / most warm-up steps; the mean carries the first steps' one-off costs, "
-                         "the median and its interval show whether the typical step changes):", md_table(effect, ".3g")])  # fmt: skip
+    return "\n\n".join(
+        [
+            "**Warm-up effect** (fewest / most warm-up steps; the mean carries the first steps' one-off costs, "
+            "the median and its interval show whether the typical step changes):",
+            md_table(effect, ".3g"),
+        ]
+    )
 
 
 @dataclass(frozen=True)
