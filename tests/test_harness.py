@@ -538,3 +538,27 @@ def test_time_based_warmup_only_for_a_gpu_that_was_idle(monkeypatch):
     assert count()[0] == 1 + 1  # right after: the warm-up steps only
     now[0] += sessions.WARM_GAP_S + 0.1
     assert count()[0] == 5 + 1  # idle for longer: time-based again
+
+
+def test_a_warm_up_stops_waiting_once_the_gpu_is_at_its_clocks():
+    # the time-based warm-up waits for clocks; read at their maximum after the warm-up steps, it waits no more
+    readings = iter([False, False, True])
+    session = Session(Policy(min_warmup_s=50 * TICK_S), clocks_up=lambda: next(readings))
+    fake = FakeClock()
+    ran = []
+
+    def step(clock):
+        ran.append(1)
+        fake.advance(10)
+
+    t = time_steps(step, session, warmup=1, steps=1, device=CPU, clock=fake, sync=lambda d: None)
+    assert t.warmup_steps_run == 3  # the warm-up step, then two more while the clocks read low
+    assert len(ran) == 3 + 1
+    assert Session(Policy(min_warmup_s=50 * TICK_S)).at_clocks() is False  # unknown clocks (a CPU): the time in full
+
+
+def test_a_later_pass_meters_no_energy_and_says_why():
+    from cs336sys.measure import energy
+
+    assert Session(energy=False).meter("cuda").note == energy.LATER_PASS
+    assert Session(energy=False).meter("cpu").note == energy.NO_CUDA  # a CPU has none in any pass

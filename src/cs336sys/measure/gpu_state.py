@@ -167,3 +167,27 @@ def sample() -> dict[str, object]:
 def host_load() -> dict[str, object]:
     """The host's 1-minute load: the part of the host state that changes during a cell."""
     return {"load_avg_1m": host_state()["load_avg_1m"]}
+
+
+AT_CLOCKS = 0.97  # of the maximum: under load the H200's SM clock sits at 1980 MHz or a bin or two below
+
+
+def clocks_up(index: int | None = None) -> Callable[[], bool] | None:
+    """A reader of whether NVML device ``index`` (see :func:`gpu_state`) runs its SM clock at its maximum
+    now, keeping NVML initialised while it lives; None where NVML cannot tell."""
+    try:
+        import pynvml as nvml
+
+        nvml.nvmlInit()
+        handle = nvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("CS336SYS_GPU_INDEX") or 0) if index is None else index)
+        top = nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM)
+    except Exception:  # noqa: BLE001 - no bindings, no driver, a bad index: the warm-up waits its time
+        return None
+
+    def up() -> bool:
+        try:
+            return not below_clocks(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM), top, AT_CLOCKS)
+        except Exception:  # noqa: BLE001
+            return False
+
+    return up

@@ -79,7 +79,8 @@ def _interleave(arms, session: Session, policy: Policy, warmup, block_steps, dev
     warmed: dict[str, tuple[int, float | None, float]] = {}
     for i, name in enumerate(names):
         t0 = clock()
-        run, first = (0, None) if name in warm else warm_up(arms[name], warmup, min_warmup_s if i == 0 else 0.0, device, clock, sync)
+        first_wait = min_warmup_s if i == 0 else 0.0
+        run, first = (0, None) if name in warm else warm_up(arms[name], warmup, first_wait, device, clock, sync, session.at_clocks)
         warmed[name] = (run, first, clock() - t0)
     recorded = {f"start_{k}": v for k, v in state().items()} if state is not None else {}
     samples: dict[str, list[dict[str, list[float]]]] = {n: [] for n in names}

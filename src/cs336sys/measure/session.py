@@ -25,8 +25,10 @@ from cs336sys.measure import energy
 PARTS = tuple(p for p in TIME_PARTS if p not in ("startup", "other"))  # the runner measures those two
 # The time-based warm-up (min_warmup_s) is for a GPU that was idle. A timed block that starts within
 # WARM_GAP_S of this session last keeping the GPU busy (the previous mode of the same cell, its profiled
-# steps) finds the clocks up and runs its warm-up steps only. A GPU that did slow down still shows: every
-# row carries its SM clock at the start of the timed block.
+# steps) finds the clocks up and runs its warm-up steps only; and a warm-up ends early once NVML reads
+# the SM clock at its maximum (Session.clocks_up): on the H200 every timed block of a default sweep
+# started at 1980 of 1980 MHz, after one second of warm-up or none (the warm-up study's cells). A GPU
+# that did slow down still shows: every row carries its SM clock at the start of the timed block.
 WARM_GAP_S = 2.0
 
 
@@ -55,6 +57,8 @@ class Session:
     policy: Policy = field(default_factory=Policy)
     state: Callable[[], Mapping[str, object]] | None = None
     busy_share: bool = True
+    energy: bool = True  # False: the energy meter is off (a cell's later passes; its first pass meters)
+    clocks_up: Callable[[], bool] | None = None  # whether the GPU runs at its clocks now (None: unknown, wait the time)
     meter_: energy.Meter | None = None  # None: opened on first use (:meth:`meter`)
     _spent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0), init=False, repr=False)
     _open: str | None = field(default=None, init=False, repr=False)
@@ -62,9 +66,11 @@ class Session:
     _profiled_by: str | None = field(default=None, init=False, repr=False)
 
     def meter(self, device_type: str) -> energy.Meter:
-        """The energy meter of this session's device, opened once (NVML stays initialised while it lives)."""
+        """The energy meter of this session's device, opened once (NVML stays initialised while it lives);
+        in a later pass, one that measures nothing and says so."""
         if self.meter_ is None:
-            self.meter_ = energy.open_meter(device_type)
+            later = not self.energy and device_type == "cuda"
+            self.meter_ = energy.Meter(energy.LATER_PASS) if later else energy.open_meter(device_type)
         return self.meter_
 
     # --- the GPU's recent work -------------------------------------------------------------------
@@ -76,6 +82,10 @@ class Session:
         """The warm-up time the next block needs: ``policy.min_warmup_s``, none after GPU work less than :data:`WARM_GAP_S` ago."""
         recent = self._gpu_busy_at is not None and time.monotonic() - self._gpu_busy_at < WARM_GAP_S
         return 0.0 if recent else policy.min_warmup_s
+
+    def at_clocks(self) -> bool:
+        """Whether the GPU runs at its clocks now: a warm-up that has run its steps may stop waiting."""
+        return self.clocks_up is not None and self.clocks_up()
 
     # --- profiling -------------------------------------------------------------------------------
     # torch.profiler with CUDA activities leaves CUPTI attached to the process (kineto finalises it only

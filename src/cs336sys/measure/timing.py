@@ -192,10 +192,11 @@ def timed_block(
     return block
 
 
-def warm_up(step, warmup: int, min_warmup_s: float, device, clock, sync) -> tuple[int, float | None]:
-    """Run ``warmup`` steps, the first more until ``min_warmup_s`` passed; (steps run, first step's seconds)."""
+def warm_up(step, warmup: int, min_warmup_s: float, device, clock, sync, ready=None) -> tuple[int, float | None]:
+    """Run ``warmup`` steps, then more until ``min_warmup_s`` passed or ``ready()`` (the GPU at its clocks);
+    (steps run, first step's seconds)."""
     t0, run, first = clock(), 0, None
-    while run < warmup or clock() - t0 < min_warmup_s:
+    while run < warmup or (clock() - t0 < min_warmup_s and not (ready is not None and ready())):
         step(StepClock(device, clock))
         sync(device)
         run += 1
@@ -219,7 +220,8 @@ def time_steps(
 
     A warm-up runs ``warmup`` steps, and the first one more until ``min_warmup_s``
     has passed (an idle GPU needs time, not steps, to reach its clocks; not after
-    GPU work of the session less than ``session.WARM_GAP_S`` ago); a timed
+    GPU work of the session less than ``session.WARM_GAP_S`` ago, and no longer
+    once ``session.at_clocks()``); a timed
     block runs ``steps`` steps and then more until ``min_measure_s`` has passed.
     Each step is timed by the wall clock between two synchronisations, each
     phase inside it by CUDA events. ``session.state()`` is sampled before the first and
@@ -241,7 +243,7 @@ def time_steps(
     stop = "fixed"
     while True:
         t0 = clock()
-        run, first = warm_up(step, warmup, min_warmup_s if not samples else 0.0, device, clock, sync)
+        run, first = warm_up(step, warmup, min_warmup_s if not samples else 0.0, device, clock, sync, session.at_clocks)
         warmup_run += run
         first_step_s = first if first_step_s is None else first_step_s
         warmup_s += clock() - t0
