@@ -555,10 +555,3 @@ def test_a_warm_up_stops_waiting_once_the_gpu_is_at_its_clocks():
     assert t.warmup_steps_run == 3  # the warm-up step, then two more while the clocks read low
     assert len(ran) == 3 + 1
     assert Session(Policy(min_warmup_s=50 * TICK_S)).at_clocks() is False  # unknown clocks (a CPU): the time in full
-
-
-def test_a_later_pass_meters_no_energy_and_says_why():
-    from cs336sys.measure import energy
-
-    assert Session(energy=False).meter("cuda").note == energy.LATER_PASS
-    assert Session(energy=False).meter("cpu").note == energy.NO_CUDA  # a CPU has none in any pass

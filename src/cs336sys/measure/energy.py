@@ -71,7 +71,6 @@ NO_CUDA = "not measured: energy comes from NVML for a CUDA device, and this ran 
 STEP_ONLY = "on the step row: a block's energy covers every phase of its steps"
 DO_BENCH = "not measured: do_bench calls last microseconds to milliseconds, and NVML's energy counter moves every ~100 ms"
 NOT_METERED = "not metered: interleaved blocks share the counter's 100 ms periods with the other arms"
-LATER_PASS = "metered in the cell's first pass: a step's energy, like its busy share, is one figure per cell"
 TOO_SHORT = "not measured: fewer than two energy-counter updates {settle:g} s or more into the block of {seconds:.2g} s (the counter moves every ~100 ms)"
 
 

@@ -57,7 +57,6 @@ class Session:
     policy: Policy = field(default_factory=Policy)
     state: Callable[[], Mapping[str, object]] | None = None
     busy_share: bool = True
-    energy: bool = True  # False: the energy meter is off (a cell's later passes; its first pass meters)
     clocks_up: Callable[[], bool] | None = None  # whether the GPU runs at its clocks now (None: unknown, wait the time)
     meter_: energy.Meter | None = None  # None: opened on first use (:meth:`meter`)
     _spent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0), init=False, repr=False)
@@ -66,11 +65,9 @@ class Session:
     _profiled_by: str | None = field(default=None, init=False, repr=False)
 
     def meter(self, device_type: str) -> energy.Meter:
-        """The energy meter of this session's device, opened once (NVML stays initialised while it lives);
-        in a later pass, one that measures nothing and says so."""
+        """The energy meter of this session's device, opened once (NVML stays initialised while it lives)."""
         if self.meter_ is None:
-            later = not self.energy and device_type == "cuda"
-            self.meter_ = energy.Meter(energy.LATER_PASS) if later else energy.open_meter(device_type)
+            self.meter_ = energy.open_meter(device_type)
         return self.meter_
 
     # --- the GPU's recent work -------------------------------------------------------------------

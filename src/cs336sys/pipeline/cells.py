@@ -109,11 +109,10 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
             env.update({k: static[k] for k in ("gpu_index", "gpu_uuid", "max_sm_clock_mhz", "gpu_state_note")})
             env.update({k: v for k, v in gpu_state.host_state().items() if k != "load_avg_1m"})
         sampler = gpu_state.sample if device.type == "cuda" else gpu_state.host_load
-        # the busy share and the energy in a cell's first pass only: one figure per cell each (a later pass
-        # repeats the times, for the between-pass interval); the warm-up stops waiting once the clocks are up
-        first = cell.pass_index == 0
+        # the busy share in a cell's first pass only: whether it is launch-bound does not change between passes;
+        # energy in every pass (its interval pools the passes' blocks); the warm-up stops waiting once the clocks are up
         clocks_up = gpu_state.clocks_up() if device.type == "cuda" else None
-        session = Session(cell.policy, host_probe.with_probe(sampler, device), busy_share=first, energy=first, clocks_up=clocks_up)
+        session = Session(cell.policy, host_probe.with_probe(sampler, device), busy_share=cell.pass_index == 0, clocks_up=clocks_up)
         conn.send(("env", env))
         cap_memory(cell.memory_fraction, device)
         inject_fault(cell.cell_id, fault, OutOfMemoryError)

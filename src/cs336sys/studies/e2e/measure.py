@@ -42,7 +42,7 @@ from cs336sys.rows import Skip
 from cs336sys.studies import partner_name
 
 OWN, GRAPH = "own", partner_name("cuda_graphs", True)
-ENERGY_BLOCKS = 2  # in the first pass: the energy interval's samples (about 1 s of steps more per mode)
+ENERGY_BLOCKS = 2  # per pass: the energy interval's samples (about 1 s of steps more per mode)
 NO_GRAPH_ON_CPU = "GPU time needs CUDA graphs (a CUDA device)"
 
 
@@ -103,7 +103,7 @@ def measure(
     notes: dict[str, str] = {}
     # With partners, the interleaved blocks below sample until the target and the cell's own blocks here need
     # one (peak memory); on a GPU two, each long enough for the energy meter: interleaved blocks are not metered.
-    metered = bool(partners) and device.type == "cuda" and session.energy  # energy: the cell's first pass
+    metered = bool(partners) and device.type == "cuda"
     policy = dataclasses.replace(session.policy, target_rel=0.0, min_measure_s=0.0) if partners else session.policy
     policy = dataclasses.replace(policy, trials=ENERGY_BLOCKS, min_measure_s=energy.MIN_BLOCK_S) if metered else policy
     per_block = block_steps if partners else measure_steps
