@@ -365,12 +365,12 @@ def test_rows_say_when_the_gpu_is_a_mig_slice(real_gpus, monkeypatch):
 
 def test_find_gpus_gives_the_reason_for_an_empty_list(real_gpus, monkeypatch):
     real_gpus([GpuId(0, "GPU-aaaa-1111")])
-    assert gpulock.find_gpus() == ([GpuId(0, "GPU-aaaa-1111")], "")
+    assert gpus.find_gpus() == ([GpuId(0, "GPU-aaaa-1111")], "")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
-    gpus, reason = gpulock.find_gpus()
-    assert gpus == [] and "CUDA_VISIBLE_DEVICES" in reason and "'7'" in reason
+    found, reason = gpus.find_gpus()
+    assert found == [] and "CUDA_VISIBLE_DEVICES" in reason and "'7'" in reason
     real_gpus(None, [])
-    assert gpulock.find_gpus()[1].startswith("no GPU on this host")
+    assert gpus.find_gpus()[1].startswith("no GPU on this host")
     assert gpulock.visible_gpus() == []
 
 

@@ -28,7 +28,7 @@ import matplotlib.transforms as mtransforms  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from cs336sys.analysis.figure_style import series_style, style_of, write_png  # noqa: E402, F401  (series_style: for callers)
+from cs336sys.analysis.figure_style import style_of, write_png  # noqa: E402
 from cs336sys.analysis.markdown import MIB, size_key, value_key  # noqa: E402
 from cs336sys.rows import Status  # noqa: E402
 

@@ -60,8 +60,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cs336sys.pipeline.gpus import GpuId, find_gpus, visible_gpus  # noqa: F401  (re-exported: callers lock what they list)
-from cs336sys.pipeline.lockdirs import DEFAULT_LOCK_DIR, SAFE_FLAGS, LockRefused, kind, open_own_dir, open_shared_dir, owner, say, what  # noqa: F401
+from cs336sys.pipeline.gpus import GpuId, visible_gpus
+from cs336sys.pipeline.lockdirs import SAFE_FLAGS, LockRefused, kind, open_own_dir, open_shared_dir, owner, say, what
 
 WAIT_LOG_EVERY_S = 5.0  # how often a job waiting for a GPU says who holds it
 
