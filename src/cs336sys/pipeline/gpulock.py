@@ -85,17 +85,6 @@ class GpuLease:
             os.close(fd)
 
 
-def lock_dir() -> Path:
-    """The host-wide lock directory every account shares: ``$CS336SYS_LOCK_DIR`` or /tmp/cs336sys-gpu-locks.
-
-    Made world-writable and sticky (0o1777, like /tmp) so runs of other users share it
-    and nobody can delete another user's lock file; LockRefused where it is not safe.
-    """
-    path, fd = open_shared_dir()
-    os.close(fd)
-    return path
-
-
 def _open_existing(name: str, dir_fd: int) -> int:
     flags = SAFE_FLAGS | os.O_NONBLOCK  # a FIFO must not block the open: fstat refuses it next
     try:
