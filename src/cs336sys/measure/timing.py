@@ -24,7 +24,7 @@ import torch
 from cs336sys.columns import sample_stats
 from cs336sys.measure import energy
 from cs336sys.measure.session import Policy, Session
-from cs336sys.measure.stats import rel_half_width, summarize_trials
+from cs336sys.measure.stats import summarize_trials
 from cs336sys.models.annotate import annotate
 
 STEP = "step"  # the name under which the whole step's wall time is reported
@@ -258,7 +258,7 @@ def time_steps(
             break
         if len(samples) >= 2:
             iv = summarize_trials([t[STEP] for t in samples])
-            if rel_half_width(iv.low, iv.high, iv.median) <= policy.target_rel:
+            if iv.half_width_rel <= policy.target_rel:
                 stop = "target"
                 break
         if timed_s >= policy.max_measure_s or len(samples) >= MAX_TRIALS:
