@@ -287,7 +287,6 @@ def bench_stats(
     device: torch.device,
     session: Session,
     *,
-    warmup_ms: float = 25,
     rep_ms: float = 100,
     grad_to_none: Sequence[torch.Tensor] | None = None,
 ) -> Stats:
@@ -299,18 +298,18 @@ def bench_stats(
     loop of the same duration stands in.
     """
     with session.part("timed"):
-        per_trial = [_bench(fn, device, warmup_ms, rep_ms, grad_to_none) for _ in range(session.policy.trials)]
+        per_trial = [_bench(fn, device, rep_ms, grad_to_none) for _ in range(session.policy.trials)]
     stats = summarize(per_trial)
     stats.energy = energy.empty(energy.DO_BENCH)
     return stats
 
 
-def _bench(fn: Callable[[], object], device: torch.device, warmup_ms: float, rep_ms: float, grad_to_none) -> list[float]:
+def _bench(fn: Callable[[], object], device: torch.device, rep_ms: float, grad_to_none) -> list[float]:
     """One trial of :func:`bench_stats`: every call's milliseconds."""
     if device.type == "cuda":
         from triton.testing import do_bench
 
-        return [float(t) for t in do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, return_mode="all")]
+        return [float(t) for t in do_bench(fn, warmup=25, rep=rep_ms, grad_to_none=grad_to_none, return_mode="all")]
     fn()  # warm-up
     times: list[float] = []
     deadline = time.perf_counter() + rep_ms / 1e3
