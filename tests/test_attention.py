@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from cs336sys.models import attention as attn
-from cs336sys.models.attention import get_attention, is_valid, relu_attention, sdpa_attention, softmax_attention
+from cs336sys.models.attention import get_attention, relu_attention, sdpa_attention, softmax_attention
 from cs336sys.models.mha import VARIANTS, MultiHeadAttention
 from cs336sys.models.performer import KERNELS, RELU_EPS, feature_map, orthogonal_features, performer_attention
+from cs336sys.models.variants import IMPLS, is_valid
 
 # ---------------------------------------------------------------- float64 references (no library code)
 
@@ -149,7 +150,7 @@ def test_registry_rejects_unknown_names_listing_the_valid_ones():
     with pytest.raises(ValueError) as err:
         get_attention("flashy", "softmax")
     assert "flashy" in str(err.value)
-    for impl in attn.IMPLS:
+    for impl in IMPLS:
         assert impl in str(err.value)
     with pytest.raises(ValueError) as err:
         get_attention("eager", "gelu")

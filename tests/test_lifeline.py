@@ -89,7 +89,7 @@ def test_without_lifeline_the_orphan_survives(tmp_path):
 @pytest.mark.slow
 def test_watchdog_fallback(tmp_path):
     # the non-Linux path (polls getppid every 0.5 s), exercised here
-    assert _orphan_dies_with_job(tmp_path, "lifeline._start_watchdog(parent, 9)", within_s=1.5)
+    assert _orphan_dies_with_job(tmp_path, "lifeline._start_watchdog(parent)", within_s=1.5)
 
 
 @pytest.mark.slow

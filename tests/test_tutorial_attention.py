@@ -22,9 +22,8 @@ import torch
 
 from cell_kwargs import cell_kwargs
 from cs336sys import studies as S
-from cs336sys.catalog import BUILT_IN
+from cs336sys.catalog import BUILT_IN, tutorial_unsupported
 from cs336sys.measure.session import Session
-from cs336sys.models.variants import tutorial_unsupported
 from cs336sys.pipeline import plan
 from cs336sys.pipeline.config import ConfigError, validate_config
 from cs336sys.rows import Skip

@@ -38,8 +38,6 @@ from typing import Any
 
 from cs336sys import catalog
 from cs336sys.errors import ConfigError
-from cs336sys.plugin_imports import check_imports as check_imports  # validation calls both here
-from cs336sys.plugin_imports import check_imports_in_subprocess as check_imports_in_subprocess
 from cs336sys.plugin_imports import describe, file_label, guarded, loaded_since, on_path, problem, record, recorded, targets, user_modules
 from cs336sys.provenance import imported_names
 

@@ -23,8 +23,6 @@ from cs336sys.columns import (  # noqa: F401
     GPU_TIME_PREFIX,
     HEAD_COLUMNS,
     PAIR_KIND,
-    RESERVED_COLUMNS,
-    TIMING_COLUMNS,
     WHERE_COLUMNS,
     timed_kind,
 )

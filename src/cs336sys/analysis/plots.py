@@ -28,7 +28,7 @@ import matplotlib.transforms as mtransforms  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from cs336sys.analysis.figure_style import series_style, style_of, write_png  # noqa: E402, F401  (series_style: for callers)
+from cs336sys.analysis.figure_style import style_of, write_png  # noqa: E402
 from cs336sys.analysis.markdown import MIB, size_key, value_key  # noqa: E402
 from cs336sys.rows import Status  # noqa: E402
 
@@ -44,8 +44,8 @@ def device_of(df: pd.DataFrame) -> str:
     return names.iloc[0] if len(names) else "unknown device"
 
 
-def fit_text(artist, max_px: float, min_fontsize: float = 6.0) -> None:
-    """Wrap ``artist``'s text at spaces to ``max_px`` wide, then shrink it if one word is still wider."""
+def fit_text(artist, max_px: float) -> None:
+    """Wrap ``artist``'s text at spaces to ``max_px`` wide, then shrink it (to 6 pt at least) if one word is still wider."""
     renderer = artist.get_figure().canvas.get_renderer()
     if not artist.get_text() or artist.get_window_extent(renderer).width <= max_px:
         return
@@ -62,7 +62,7 @@ def fit_text(artist, max_px: float, min_fontsize: float = 6.0) -> None:
                 line = trial
         lines.append(line)
     artist.set_text("\n".join(lines))
-    while artist.get_window_extent(renderer).width > max_px and artist.get_fontsize() > min_fontsize:
+    while artist.get_window_extent(renderer).width > max_px and artist.get_fontsize() > 6:
         artist.set_fontsize(artist.get_fontsize() - 0.5)
 
 
@@ -86,13 +86,13 @@ def save(fig, path: Path, bottom: float = 0.0) -> Path:
     return path
 
 
-def panel_grid(n: int, ncols: int = 2, panel: tuple[float, float] = (4.4, 3.2)):
+def panel_grid(n: int):
     """``n`` panels two a row (readable at a viewer's width) and one free slot after them for a shared legend.
 
     Returns (figure, the ``n`` panel axes, the legend's axes); slots beyond those are hidden.
     """
-    rows = math.ceil((n + 1) / ncols)
-    fig, grid = plt.subplots(rows, ncols, figsize=(panel[0] * ncols, panel[1] * rows), squeeze=False)
+    rows = math.ceil((n + 1) / 2)
+    fig, grid = plt.subplots(rows, 2, figsize=(8.8, 3.2 * rows), squeeze=False)  # 4.4 x 3.2 in a panel
     slots = list(grid.flat)
     for ax in slots[n + 1 :]:
         ax.axis("off")

@@ -92,14 +92,14 @@ class Sampler(threading.Thread):
     With ``period_s`` (the counter) it reads back to back until the value changes, then sleeps until
     :data:`GUARD_S` before the next change is due; a change that came while it slept (woken late, or a
     period shorter than assumed) halves the period it assumes and sends it back to back until the next
-    change. Without (power), every ``pause_s``. ``error`` holds the exception that stopped it, if one did.
+    change. Without (power), every :data:`SAMPLE_S`. ``error`` holds the exception that stopped it, if one did.
     """
 
-    def __init__(self, read: Callable[[], float], clock: Callable[[], float], period_s: float | None, pause_s: float = SAMPLE_S):
+    def __init__(self, read: Callable[[], float], clock: Callable[[], float], period_s: float | None):
         super().__init__(name="energy-sampler", daemon=True)
         self.reads: list[tuple[float, float, float]] = []
         self.error: Exception | None = None
-        self._read, self._clock, self._period_s, self._pause_s = read, clock, period_s, pause_s
+        self._read, self._clock, self._period_s = read, clock, period_s
         self._halt = threading.Event()
 
     def run(self) -> None:
@@ -111,7 +111,7 @@ class Sampler(threading.Thread):
                 value = read()
                 t1 = clock()
                 if period is None:
-                    due = t1 + self._pause_s
+                    due = t1 + SAMPLE_S
                 elif reads and value != reads[-1][2]:
                     period, due = (period / 2, 0.0) if slept else (period, (reads[-1][0] + t0) / 2 + period - GUARD_S)
                 reads.append((t0, t1, value))

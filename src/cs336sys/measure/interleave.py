@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from cs336sys.measure.session import Policy, Session
-from cs336sys.measure.stats import Interval, paired_ratio, rel_half_width
+from cs336sys.measure.stats import Interval, paired_ratio
 from cs336sys.measure.timing import MAX_TRIALS, STEP, StepClock, Timing, summarize, synchronize, timed_block, warm_up
 
 MIN_PAIRS = 8  # interleaved pairs before a paired ratio may stop: t(7) = 2.36, not t(1) = 12.7
@@ -99,7 +99,7 @@ def _interleave(arms, session: Session, policy: Policy, warmup, block_steps, dev
             break
         own = [statistics.median(b[STEP]) for b in samples[names[0]]]
         widths = [paired_ratio(own, [statistics.median(b[STEP]) for b in samples[n]]) for n in names[1:]]
-        if all(rel_half_width(w.low, w.high, w.median) <= policy.target_rel for w in widths):
+        if all(w.half_width_rel <= policy.target_rel for w in widths):
             stop = "target"
             break
         if sum(timed.values()) >= policy.max_measure_s or rounds >= MAX_TRIALS:

@@ -183,13 +183,13 @@ def _is_user_frame(frame: dict) -> bool:
     return name.endswith(".py") and f"{os.sep}torch{os.sep}" not in name and not stdlib
 
 
-def format_frames(frames: list[dict], depth: int = 3) -> str:
-    """'file.py:line name ← caller.py:line name …' over the first `depth` user-code frames."""
+def format_frames(frames: list[dict]) -> str:
+    """'file.py:line name ← caller.py:line name …' over the first three user-code frames."""
     user = [f for f in frames if _is_user_frame(f)]
     user = user or [f for f in frames if f["filename"].endswith(".py")]
     if not user:
         return "(no Python frames recorded)"
-    return " ← ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in user[:depth])
+    return " ← ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in user[:3])
 
 
 def largest_allocations(snapshot: dict, top_n: int = 10, device: int = 0) -> pd.DataFrame:

@@ -297,11 +297,6 @@ def log_t_interval(values: Sequence[float]) -> tuple[float, float, float]:
     return (centre, centre * math.exp(-half), centre * math.exp(half))
 
 
-def rel_half_width(low: float, high: float, centre: float) -> float:
-    """Half the interval's width as a share of its centre (inf where it is open or the centre is not positive)."""
-    return (high - low) / 2 / centre if centre > 0 and math.isfinite(low) and math.isfinite(high) else math.inf
-
-
 def paired_ratio(a_blocks: Sequence[float], b_blocks: Sequence[float]) -> Interval:
     """Ratio a/b from interleaved blocks (a₁ b₁ a₂ b₂ …): the interval of the per-pair ratios.
 

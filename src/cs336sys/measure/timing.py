@@ -24,7 +24,7 @@ import torch
 from cs336sys.columns import sample_stats
 from cs336sys.measure import energy
 from cs336sys.measure.session import Policy, Session
-from cs336sys.measure.stats import rel_half_width, summarize_trials
+from cs336sys.measure.stats import summarize_trials
 from cs336sys.models.annotate import annotate
 
 STEP = "step"  # the name under which the whole step's wall time is reported
@@ -258,7 +258,7 @@ def time_steps(
             break
         if len(samples) >= 2:
             iv = summarize_trials([t[STEP] for t in samples])
-            if rel_half_width(iv.low, iv.high, iv.median) <= policy.target_rel:
+            if iv.half_width_rel <= policy.target_rel:
                 stop = "target"
                 break
         if timed_s >= policy.max_measure_s or len(samples) >= MAX_TRIALS:
@@ -287,7 +287,6 @@ def bench_stats(
     device: torch.device,
     session: Session,
     *,
-    warmup_ms: float = 25,
     rep_ms: float = 100,
     grad_to_none: Sequence[torch.Tensor] | None = None,
 ) -> Stats:
@@ -299,18 +298,18 @@ def bench_stats(
     loop of the same duration stands in.
     """
     with session.part("timed"):
-        per_trial = [_bench(fn, device, warmup_ms, rep_ms, grad_to_none) for _ in range(session.policy.trials)]
+        per_trial = [_bench(fn, device, rep_ms, grad_to_none) for _ in range(session.policy.trials)]
     stats = summarize(per_trial)
     stats.energy = energy.empty(energy.DO_BENCH)
     return stats
 
 
-def _bench(fn: Callable[[], object], device: torch.device, warmup_ms: float, rep_ms: float, grad_to_none) -> list[float]:
+def _bench(fn: Callable[[], object], device: torch.device, rep_ms: float, grad_to_none) -> list[float]:
     """One trial of :func:`bench_stats`: every call's milliseconds."""
     if device.type == "cuda":
         from triton.testing import do_bench
 
-        return [float(t) for t in do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, return_mode="all")]
+        return [float(t) for t in do_bench(fn, warmup=25, rep=rep_ms, grad_to_none=grad_to_none, return_mode="all")]
     fn()  # warm-up
     times: list[float] = []
     deadline = time.perf_counter() + rep_ms / 1e3

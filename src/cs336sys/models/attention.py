@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from cs336sys import catalog
+from cs336sys.catalog import ACTIVATIONS
 from cs336sys.models.annotate import annotate
-from cs336sys.models.variants import ACTIVATIONS, IMPLS, is_valid, needs_cuda  # noqa: F401  (re-exported)
 
 AttentionFn = Callable[..., torch.Tensor]
 ContextFactory = Callable[[], AbstractContextManager]

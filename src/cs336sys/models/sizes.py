@@ -8,7 +8,7 @@ at run time.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 VOCAB_SIZE = 10_000  # the handout's benchmarking vocabulary
@@ -21,9 +21,6 @@ class ModelSize:
     d_ff: int
     num_layers: int
     num_heads: int
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 MODEL_SIZES: dict[str, ModelSize] = {

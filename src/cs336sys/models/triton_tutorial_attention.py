@@ -30,7 +30,7 @@ pre-hooks), keyed on N_CTX and HEAD_DIM, not on batch or heads; the backward has
 (blocks 32/128/128/32, 4 warps, 5 stages) and pre-scales K by sm_scale/ln 2 in the input dtype, so
 in bf16 its recomputed P carries that rounding; Hopper and newer GPUs get host ``TensorDescriptor``
 objects (TMA), except Hopper with warp specialization, which builds them in the kernel; no tile is
-masked, so sequences must be multiples of 128 (``variants.tutorial_unsupported``).
+masked, so sequences must be multiples of 128 (``catalog.tutorial_unsupported``).
 
 :func:`tutorial_attention` is our entry point: it refuses what the kernels do not handle with the
 reason, makes the inputs contiguous (the kernels index them as contiguous rows), uses sm_scale =
@@ -68,7 +68,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from cs336sys.models.variants import tutorial_unsupported
+from cs336sys.catalog import tutorial_unsupported
 
 # ours: Triton picks its interpreter when it decorates a kernel; under it there may be no GPU driver
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")

@@ -10,13 +10,6 @@ their names from here, so a name is defined once.
 from __future__ import annotations
 
 from cs336sys import catalog
-from cs336sys.catalog import (  # noqa: F401  (re-exported: the tutorial kernel and the flash study ask here)
-    ACTIVATIONS,
-    TUTORIAL_HEAD_DIMS,
-    TUTORIAL_PRECISIONS,
-    TUTORIAL_SEQ_MULTIPLE,
-    tutorial_unsupported,
-)
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 IMPLS = catalog.names(catalog.CORE)  # the attention cores (models.attention), from the catalog

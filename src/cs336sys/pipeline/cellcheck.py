@@ -72,14 +72,14 @@ def problem(text: str, study: str, expected_id: str) -> str | None:
     return None
 
 
-def _read(path: Path, study: str, expected_id: str) -> tuple[pd.DataFrame | None, str | None]:
+def _read(path: Path, study: str) -> tuple[pd.DataFrame | None, str | None]:
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         return None, f"not UTF-8 text (byte {exc.start}): binary or damaged"
     except OSError as exc:
         return None, f"cannot be read ({exc.strerror})"
-    what = problem(text, study, expected_id)
+    what = problem(text, study, path.stem)  # a cell CSV is named by its cell id
     if what is not None:
         return None, what
     frame = parse_rows(text)
@@ -87,13 +87,12 @@ def _read(path: Path, study: str, expected_id: str) -> tuple[pd.DataFrame | None
     return (None, "; ".join(found)) if found else (frame, None)
 
 
-def read_cells(paths: Iterable[str | Path], study: str, expected_ids: Iterable[str | None] | None = None) -> list[pd.DataFrame]:
+def read_cells(paths: Iterable[str | Path], study: str) -> list[pd.DataFrame]:
     """Every cell CSV of ``paths`` read and checked; one :class:`BadCellError` naming every bad file, if any."""
     paths = [Path(p) for p in paths]
-    expected_ids = list(expected_ids) if expected_ids is not None else [None] * len(paths)
     frames, bad = [], []
-    for path, expected in zip(paths, expected_ids, strict=True):
-        frame, what = _read(path, study, path.stem if expected is None else expected)
+    for path in paths:
+        frame, what = _read(path, study)
         if what is None:
             frames.append(frame)
         else:

@@ -239,11 +239,12 @@ def run_cell(
     the job began (``time.monotonic()``; default: now), the start of its rows' ``time_job_s``.
     """
     from cs336sys.pipeline import gpulock, hostjobs
+    from cs336sys.pipeline.gpus import find_gpus
 
     clock = {"job": time.monotonic() if job_started is None else job_started}
     deadline = time.monotonic() + cell.timeout_s  # the time limit covers the wait for a GPU too
     with hostjobs.register_job(run) as job, contextlib.ExitStack() as stack:
-        gpus, reason = gpulock.find_gpus() if _needs_lease(cell) else ([], "cpu cell")
+        gpus, reason = find_gpus() if _needs_lease(cell) else ([], "cpu cell")
         lease, lock = None, {"gpu_lock": f"none: {reason}"}
         if gpus:
             if job is not None:

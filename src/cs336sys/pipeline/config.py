@@ -305,7 +305,7 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA_PATH, check_i
     ``check_imports``: ``subprocess`` (the workflow's parse, which must not import torch) or
     ``here`` also imports the user's code and checks it; "" does not.
     """
-    from cs336sys import plugins
+    from cs336sys import plugin_imports, plugins
     from cs336sys import studies as S
 
     check_size(config)
@@ -319,9 +319,9 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA_PATH, check_i
     plugins.check_lm_studies(config, {name: S.study(name).kind for name in config["studies"]})
     validate_semantics(config, offered)
     if check_imports == "subprocess":
-        plugins.check_imports_in_subprocess(config["plugins"])
+        plugin_imports.check_imports_in_subprocess(config["plugins"])
     elif check_imports == "here":
-        plugins.check_imports(config["plugins"])
+        plugin_imports.check_imports(config["plugins"])
     return config, offered
 
 

@@ -60,8 +60,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cs336sys.pipeline.gpus import GpuId, find_gpus, visible_gpus  # noqa: F401  (re-exported: callers lock what they list)
-from cs336sys.pipeline.lockdirs import DEFAULT_LOCK_DIR, SAFE_FLAGS, LockRefused, kind, open_own_dir, open_shared_dir, owner, say, what  # noqa: F401
+from cs336sys.pipeline.gpus import GpuId, visible_gpus
+from cs336sys.pipeline.lockdirs import SAFE_FLAGS, LockRefused, kind, open_own_dir, open_shared_dir, owner, say, what
 
 WAIT_LOG_EVERY_S = 5.0  # how often a job waiting for a GPU says who holds it
 
@@ -83,17 +83,6 @@ class GpuLease:
                 os.ftruncate(fd, 0)  # before unlocking, so a new holder's record is never erased
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
-
-
-def lock_dir() -> Path:
-    """The host-wide lock directory every account shares: ``$CS336SYS_LOCK_DIR`` or /tmp/cs336sys-gpu-locks.
-
-    Made world-writable and sticky (0o1777, like /tmp) so runs of other users share it
-    and nobody can delete another user's lock file; LockRefused where it is not safe.
-    """
-    path, fd = open_shared_dir()
-    os.close(fd)
-    return path
 
 
 def _open_existing(name: str, dir_fd: int) -> int:

@@ -23,30 +23,29 @@ from cs336sys.fileio import pid_alive  # the one liveness check: a zombie counts
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _prctl_pdeathsig(sig: int) -> bool:
+def _prctl_pdeathsig() -> bool:
     # CDLL(None): the symbols already loaded (libc's among them); no ldconfig subprocess
     for name in (None, "libc.so.6"):
         try:
-            return ctypes.CDLL(name, use_errno=True).prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(int(sig)), 0, 0, 0) == 0
+            return ctypes.CDLL(name, use_errno=True).prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0) == 0
         except (OSError, AttributeError):
             continue
     return False
 
 
-def _start_watchdog(parent_pid: int, sig: int, poll_s: float = 0.5) -> threading.Thread:
+def _start_watchdog(parent_pid: int, poll_s: float = 0.5) -> threading.Thread:
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(poll_s)
-        os.kill(os.getpid(), sig)
-        os._exit(1)  # for a sig the process catches or ignores
+        os.kill(os.getpid(), signal.SIGKILL)
 
     thread = threading.Thread(target=watch, name="cs336sys-lifeline", daemon=True)
     thread.start()
     return thread
 
 
-def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
-    """Call in the child right after fork: deliver ``sig`` to it when ``parent_pid`` dies.
+def die_with_parent(parent_pid: int) -> None:
+    """Call in the child right after fork: SIGKILL it when ``parent_pid`` dies.
 
     Linux: prctl(PR_SET_PDEATHSIG), delivered by the kernel, so it works even when the
     child is stuck in a CUDA call. The parent may die between the fork and the prctl, in
@@ -59,15 +58,15 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
     from the job's main thread; it is cleared in the child of a fork and on exec of a
     set-uid binary, so it protects this process only, not what it starts.
     """
-    armed = sys.platform.startswith("linux") and _prctl_pdeathsig(sig)
+    armed = sys.platform.startswith("linux") and _prctl_pdeathsig()
     if os.getppid() != parent_pid:
         os._exit(1)
     if not armed:
-        _start_watchdog(parent_pid, sig)
+        _start_watchdog(parent_pid)
 
 
-def watch_pid(pid: int, sig: int = signal.SIGKILL, poll_s: float = 0.5) -> threading.Thread:
-    """Deliver ``sig`` to this process once ``pid`` (not our parent) is gone.
+def watch_pid(pid: int, poll_s: float = 0.5) -> threading.Thread:
+    """SIGKILL this process once ``pid`` (not our parent) is gone.
 
     For a child whose parent is not its job, e.g. one started by a forkserver:
     PDEATHSIG would follow the server, so a daemon thread polls the job instead.
@@ -76,8 +75,7 @@ def watch_pid(pid: int, sig: int = signal.SIGKILL, poll_s: float = 0.5) -> threa
     def watch() -> None:
         while pid_alive(pid):
             time.sleep(poll_s)
-        os.kill(os.getpid(), sig)
-        os._exit(1)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     thread = threading.Thread(target=watch, name="cs336sys-watch-job", daemon=True)
     thread.start()

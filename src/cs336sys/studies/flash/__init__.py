@@ -4,7 +4,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cs336sys import catalog
-from cs336sys.models.variants import TUTORIAL_HEAD_DIMS, TUTORIAL_PRECISIONS, TUTORIAL_SEQ_MULTIPLE
+from cs336sys.catalog import TUTORIAL_HEAD_DIMS, TUTORIAL_PRECISIONS, TUTORIAL_SEQ_MULTIPLE
 from cs336sys.studies import Axes, Study
 
 
