@@ -131,7 +131,7 @@ def test_a_new_fold_column_changes_no_cell_hash_but_a_new_statistic_changes_ever
     _edit(
         columns, '    Column("finished_at", "", "last"),\n', '    Column("finished_at", "", "last"),\n    Column("toy_note", "", "join"),\n'
     )
-    _edit(columns, '    "torch_version", "cuda_version",', '    "torch_version", "cuda_version", "toy_first",')
+    _edit(columns, '        *("started_at", "gpu_index",', '        "toy_first",\n        *("started_at", "gpu_index",')  # a "first" column
     assert _hashes(src_copy) == before
     # a column with a `stat` is computed by every measuring child (measure.timing): every cell's rows change
     _edit(
