@@ -69,8 +69,14 @@ def _dangling_symlink(path: Path) -> str:
     return "symbolic link"
 
 
-SPECIAL = {"fifo": _fifo, "socket": _socket, "char-device": _char_device, "directory": _directory,
-           "symlink": _symlink, "dangling-symlink": _dangling_symlink}  # fmt: skip
+SPECIAL = {
+    "fifo": _fifo,
+    "socket": _socket,
+    "char-device": _char_device,
+    "directory": _directory,
+    "symlink": _symlink,
+    "dangling-symlink": _dangling_symlink,
+}
 
 
 def _kind_of(path: Path) -> int:
@@ -146,8 +152,14 @@ def test_cli_refuses_a_csv_path_that_is_not_a_regular_file_before_measuring(tmp_
 
 # ---------------------------------------------------------------- 2. corrupt or partial cell CSVs: named, never dropped
 
-GRID = {"d_model": [16, 32], "seq_len": [64, 128, 256, 512, 1024], "activation": ["softmax"], "impl": ["eager"],
-        "causal": [True], "precision": ["fp32"]}  # fmt: skip
+GRID = {
+    "d_model": [16, 32],
+    "seq_len": [64, 128, 256, 512, 1024],
+    "activation": ["softmax"],
+    "impl": ["eager"],
+    "causal": [True],
+    "precision": ["fp32"],
+}
 COMMIT = "018351308966"  # all digits, leading zero: about 1 commit in 280 looks like this
 
 
@@ -158,10 +170,32 @@ def _config() -> dict:
 def _rows(cid: str, axes: dict) -> pd.DataFrame:
     rows = []
     for phase in ("forward", "backward"):
-        rows.append(dict(study="attention", cell_id=cid, status="ok", error="", **axes, mode="train", phase=phase,
-                         median_ms=2.0, ci_low_ms=1.9, ci_high_ms=2.1, mean_ms=2.0, std_ms=0.1, min_ms=1.9, max_ms=2.1,
-                         n=3, trials=1, device="cpu", device_name="cpu (x86_64)", torch_version="2.5.1",
-                         git_commit=COMMIT, host="0042", pass_index=0))  # fmt: skip
+        rows.append(
+            dict(
+                study="attention",
+                cell_id=cid,
+                status="ok",
+                error="",
+                **axes,
+                mode="train",
+                phase=phase,
+                median_ms=2.0,
+                ci_low_ms=1.9,
+                ci_high_ms=2.1,
+                mean_ms=2.0,
+                std_ms=0.1,
+                min_ms=1.9,
+                max_ms=2.1,
+                n=3,
+                trials=1,
+                device="cpu",
+                device_name="cpu (x86_64)",
+                torch_version="2.5.1",
+                git_commit=COMMIT,
+                host="0042",
+                pass_index=0,
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -198,7 +232,8 @@ def _truncate(path: Path) -> None:
     path.write_text(text[: text.rindex("\n", 0, len(text) - 1) + 40])  # the last row cut after 40 characters
 
 
-# name → (damage done to one cell file, words the error must hold besides the path)
+# name → (damage done to one cell file, words the error must hold besides the path): one case a line, a table
+# to scan (hence `fmt: skip` on its last line)
 BAD_CELLS = {
     "header-only": (lambda p: p.write_text(p.read_text().splitlines()[0] + "\n"), ["no rows"]),
     "empty-file": (lambda p: p.write_text(""), ["empty"]),

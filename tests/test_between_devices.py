@@ -26,9 +26,23 @@ FIG3 = {H100: {"classes": {"gpu-bound": {"rel": 0.03}, "launch-bound": {"rel": 0
 
 
 def row(cell, median, busy, uuid, rel=0.005, device=H100, phase="step", mode="inference", study="mha", **extra):
-    return {"study": study, "cell_id": cell, "status": "ok", "error": "", "kind": "", "mode": mode, "phase": phase,
-            "median_ms": median, "ci_low_ms": median * (1 - rel), "ci_high_ms": median * (1 + rel),
-            "gpu_busy_frac": busy, "gpu_uuid": uuid, "device_name": device, "host": "vm", **extra}  # fmt: skip
+    return {
+        "study": study,
+        "cell_id": cell,
+        "status": "ok",
+        "error": "",
+        "kind": "",
+        "mode": mode,
+        "phase": phase,
+        "median_ms": median,
+        "ci_low_ms": median * (1 - rel),
+        "ci_high_ms": median * (1 + rel),
+        "gpu_busy_frac": busy,
+        "gpu_uuid": uuid,
+        "device_name": device,
+        "host": "vm",
+        **extra,
+    }
 
 
 def write_run(path: Path, rows) -> Path:
@@ -127,8 +141,16 @@ def test_paired_ratios_take_the_class_of_their_step_row(tmp_path):
     def run(uuid, ratios):
         rows = grid(uuid, [1.0] * len(ratios), GPU_BOUND)
         for i, r in enumerate(ratios):
-            rows.append({**row(f"c{i}", float("nan"), "", uuid), "kind": "pair", "pair_with": "precision=bf16",
-                         "ratio": r, "ratio_ci_low": r * 0.99, "ratio_ci_high": r * 1.01})  # fmt: skip
+            rows.append(
+                {
+                    **row(f"c{i}", float("nan"), "", uuid),
+                    "kind": "pair",
+                    "pair_with": "precision=bf16",
+                    "ratio": r,
+                    "ratio_ci_low": r * 0.99,
+                    "ratio_ci_high": r * 1.01,
+                }
+            )
         return rows
 
     a = write_run(tmp_path / "a", run(GPU1, [0.5] * bd.MIN_ROWS))
@@ -268,11 +290,20 @@ def test_the_5pct_slower_cell_stays_slower_across_two_machines_with_a_3pct_figur
 
 def _host_runs(tmp_path, factor, probe_b, uuid_b, busy=0.4):
     """One host-bound row (busy 0.4) and one GPU-bound row that did not move; host probe 5 µs in a."""
-    a = write_run(tmp_path / "a", [row("host", 10.0, busy, GPU1, rel=0.01, host_launch_us=5.0, gpu_median_ms=3.0),
-                                   row("gpu", 20.0, GPU_BOUND, GPU1, rel=0.01, host_launch_us=5.0, gpu_median_ms=19.0)])  # fmt: skip
-    b = write_run(tmp_path / f"b{uuid_b[-1]}",
-                  [row("host", 10.0 * factor, busy, uuid_b, rel=0.01, host_launch_us=probe_b, gpu_median_ms=3.03),
-                   row("gpu", 20.0, GPU_BOUND, uuid_b, rel=0.01, host_launch_us=probe_b, gpu_median_ms=19.0)])  # fmt: skip
+    a = write_run(
+        tmp_path / "a",
+        [
+            row("host", 10.0, busy, GPU1, rel=0.01, host_launch_us=5.0, gpu_median_ms=3.0),
+            row("gpu", 20.0, GPU_BOUND, GPU1, rel=0.01, host_launch_us=5.0, gpu_median_ms=19.0),
+        ],
+    )
+    b = write_run(
+        tmp_path / f"b{uuid_b[-1]}",
+        [
+            row("host", 10.0 * factor, busy, uuid_b, rel=0.01, host_launch_us=probe_b, gpu_median_ms=3.03),
+            row("gpu", 20.0, GPU_BOUND, uuid_b, rel=0.01, host_launch_us=probe_b, gpu_median_ms=19.0),
+        ],
+    )
     return a, b
 
 

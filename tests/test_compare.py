@@ -15,27 +15,45 @@ from workflow_helpers import DEMO, DEMO_RUN, configfile_args, copy_repo, parse_d
 
 ROOT = Path(__file__).resolve().parents[1]
 CELL = "size=small_context_length=128_precision=bf16_impl={}_compile=False"
-ENV_A = dict(device_name="NVIDIA H100 80GB HBM3", driver_version="550.54", torch_version="2.11.0+cu130",
-             cuda_version="13.0", git_commit="aaaaaaa", host="node1")  # fmt: skip
+ENV_A = dict(
+    device_name="NVIDIA H100 80GB HBM3",
+    driver_version="550.54",
+    torch_version="2.11.0+cu130",
+    cuda_version="13.0",
+    git_commit="aaaaaaa",
+    host="node1",
+)
 ENV_B = dict(ENV_A, device_name="NVIDIA H200", git_commit="bbbbbbb")
 
 
 def row(cell, mode, phase, median, rel, env, status="ok", noisy=False, study="e2e", **extra):
     """One tidy result row; ``rel`` is the half-width of the 95 % interval relative to the median."""
     ok = status == "ok"
-    return {"study": study, "cell_id": CELL.format(cell), "status": status, "error": "" if ok else "CUDA out of memory",
-            "mode": mode, "phase": phase, "median_ms": median if ok else None,
-            "ci_low_ms": median * (1 - rel) if ok else None, "ci_high_ms": median * (1 + rel) if ok else None,
-            "noisy": noisy, **extra, **env}  # fmt: skip
+    return {
+        "study": study,
+        "cell_id": CELL.format(cell),
+        "status": status,
+        "error": "" if ok else "CUDA out of memory",
+        "mode": mode,
+        "phase": phase,
+        "median_ms": median if ok else None,
+        "ci_low_ms": median * (1 - rel) if ok else None,
+        "ci_high_ms": median * (1 + rel) if ok else None,
+        "noisy": noisy,
+        **extra,
+        **env,
+    }
 
 
 def cells(env, factors, rel=0.01, **kw):
     """The rows of cells named by ``factors`` (cell → median factor relative to 10 ms), 2 modes × phases."""
     rows = []
     for cell, f in factors.items():
-        rows += [row(cell, "inference", "forward", 10.0 * f, rel, env, **kw),
-                 row(cell, "train", "forward", 10.0 * f, rel, env, **kw),
-                 row(cell, "train", "backward", 20.0 * f, rel, env, **kw)]  # fmt: skip
+        rows += [
+            row(cell, "inference", "forward", 10.0 * f, rel, env, **kw),
+            row(cell, "train", "forward", 10.0 * f, rel, env, **kw),
+            row(cell, "train", "backward", 20.0 * f, rel, env, **kw),
+        ]
     return rows
 
 

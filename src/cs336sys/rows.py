@@ -46,11 +46,29 @@ STATUSES = tuple(s.value for s in Status)
 # Columns read back as text, never as numbers: an all-digit commit ("018351308966", about one
 # commit in 280) or a host "0042" would lose its leading zeros, CUDA "12.10" would become 12.1.
 TEXT_COLUMNS = frozenset(
-    HEAD_COLUMNS + WHERE_COLUMNS
-    + ["device", "device_name", "driver_version", "torch_version", "cuda_version", "python_version", "git_commit",
-       "host", "started_at", "finished_at", "pass_started_at", "pass_finished_at", "gpu_uuid", "gpu_state_note",
-       "cpu_model", "kind", "stop_reason", "model"]
-)  # fmt: skip
+    HEAD_COLUMNS
+    + WHERE_COLUMNS
+    + [
+        "device",
+        "device_name",
+        "driver_version",
+        "torch_version",
+        "cuda_version",
+        "python_version",
+        "git_commit",
+        "host",
+        "started_at",
+        "finished_at",
+        "pass_started_at",
+        "pass_finished_at",
+        "gpu_uuid",
+        "gpu_state_note",
+        "cpu_model",
+        "kind",
+        "stop_reason",
+        "model",
+    ]
+)
 TEXT_SUFFIXES = ("_version", "_note")  # triton_version, mfu_note, pair_note, …
 
 

@@ -48,8 +48,10 @@ def problem(text: str, study: str, expected_id: str) -> str | None:
     axes = list(get_study(study).axes)
     missing = [c for c in dict.fromkeys(HEAD_COLUMNS + axes) if c not in header]
     if missing:
-        return (f"missing column{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))} "
-                f"(a cell CSV of {study} has {', '.join(HEAD_COLUMNS + axes)}, then its measurements)")  # fmt: skip
+        return (
+            f"missing column{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))} "
+            f"(a cell CSV of {study} has {', '.join(HEAD_COLUMNS + axes)}, then its measurements)"
+        )
     twice = sorted({c for c in header if header.count(c) > 1})
     if twice:
         return f"column {', '.join(map(repr, twice))} appears more than once"
@@ -101,8 +103,10 @@ def read_cells(paths: Iterable[str | Path], study: str) -> list[pd.DataFrame]:
     if len(bad) == 1:
         raise BadCellError(f"bad cell CSV {bad[0]}; {REMEASURE}")
     if bad:
-        raise BadCellError(f"{len(bad)} bad cell CSVs of study {study} (delete each and rerun the workflow to measure "
-                           "those cells again):\n" + "\n".join(f"  {b}" for b in bad))  # fmt: skip
+        raise BadCellError(
+            f"{len(bad)} bad cell CSVs of study {study} (delete each and rerun the workflow to measure "
+            "those cells again):\n" + "\n".join(f"  {b}" for b in bad)
+        )
     return frames
 
 

@@ -119,11 +119,23 @@ def classified(run_dir: Path) -> pd.DataFrame:
         if measure == PAIRED:
             key = key + "|" + rows["pair_with"].astype(str)
         shared = add_flags(rows).get("shared", pd.Series(False, index=rows.index)).fillna(False).astype(bool)
-        frames.append(pd.DataFrame({
-            "measure": measure, "study": rows["study"], "key": key, "value": pd.to_numeric(rows["value"], errors="coerce"),
-            "low": pd.to_numeric(rows["low"], errors="coerce"), "high": pd.to_numeric(rows["high"], errors="coerce"),
-            "busy": busy, "shared": shared, "machine": ";".join(sorted(machines(rows, "gpu"))),
-            "host": ";".join(sorted(machines(rows, "host"))), "device_name": ";".join(sorted(device_names(rows)))}))  # fmt: skip
+        frames.append(
+            pd.DataFrame(
+                {
+                    "measure": measure,
+                    "study": rows["study"],
+                    "key": key,
+                    "value": pd.to_numeric(rows["value"], errors="coerce"),
+                    "low": pd.to_numeric(rows["low"], errors="coerce"),
+                    "high": pd.to_numeric(rows["high"], errors="coerce"),
+                    "busy": busy,
+                    "shared": shared,
+                    "machine": ";".join(sorted(machines(rows, "gpu"))),
+                    "host": ";".join(sorted(machines(rows, "host"))),
+                    "device_name": ";".join(sorted(device_names(rows))),
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -189,8 +201,11 @@ def estimate(runs: Sequence[Path]) -> dict[str, dict]:
                 print(f"between_devices: {name}, {cls}: set aside {row.key} ({row.pair}): {why}", file=sys.stderr)
             q = np.abs(kept["log_ratio"].to_numpy())
             if len(q) >= MIN_ROWS:
-                classes[str(cls)] = {"rel": _round(math.expm1(float(q.max())), up=True),
-                                     "q95_rel": _round(math.expm1(float(np.quantile(q, QUANTILE)))), "rows": int(len(q))}  # fmt: skip
+                classes[str(cls)] = {
+                    "rel": _round(math.expm1(float(q.max())), up=True),
+                    "q95_rel": _round(math.expm1(float(np.quantile(q, QUANTILE)))),
+                    "rows": int(len(q)),
+                }
                 classes[str(cls)] |= {"set_aside": len(aside)} if aside else {}
         run_names = sorted(used[name], key=str)
         out[name] = {
@@ -271,14 +286,25 @@ def coverage(a_dir: Path, b_dir: Path, figures: Mapping[str, dict] | None = None
         figures = {}
     rels = [figure(figures, name, c) for c in m["class"]]
     across = [widen(v, lo, hi, r) for v, lo, hi, r in zip(m["value_a"], m["low_a"], m["high_a"], rels)]
-    m = m.assign(inside=(m["low_a"] <= m["value_b"]) & (m["value_b"] <= m["high_a"]),
-                 inside_across=[lo <= v <= hi for (lo, hi), v in zip(across, m["value_b"])],
-                 figure=rels, abs_diff=np.abs(np.expm1(m["log_ratio"])))  # fmt: skip
+    m = m.assign(
+        inside=(m["low_a"] <= m["value_b"]) & (m["value_b"] <= m["high_a"]),
+        inside_across=[lo <= v <= hi for (lo, hi), v in zip(across, m["value_b"])],
+        figure=rels,
+        abs_diff=np.abs(np.expm1(m["log_ratio"])),
+    )
     rows = []
     for (study, measure), part in m.groupby(["study", "measure"], sort=True):
-        rows.append({"study": study, "measure": measure, "n": len(part), "inside": part["inside"].mean(),
-                     "inside_across": part["inside_across"].mean(), "median_abs_diff": part["abs_diff"].median(),
-                     "max_abs_diff": part["abs_diff"].max()})  # fmt: skip
+        rows.append(
+            {
+                "study": study,
+                "measure": measure,
+                "n": len(part),
+                "inside": part["inside"].mean(),
+                "inside_across": part["inside_across"].mean(),
+                "median_abs_diff": part["abs_diff"].median(),
+                "max_abs_diff": part["abs_diff"].max(),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -299,8 +325,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cs336sys.runs.between_devices", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="*", type=Path, help="results/<run> directories of one grid, on two or more GPUs of one kind")
     parser.add_argument("--write", action="store_true", help=f"replace the figures of these runs' device kinds in {FIGURES.name}")
-    parser.add_argument("--check", nargs=2, type=Path, metavar=("RUN_A", "RUN_B"),
-                        help="instead: the share of RUN_B's values inside RUN_A's intervals and vice versa, within and across machines")  # fmt: skip
+    parser.add_argument(
+        "--check",
+        nargs=2,
+        type=Path,
+        metavar=("RUN_A", "RUN_B"),
+        help="instead: the share of RUN_B's values inside RUN_A's intervals and vice versa, within and across machines",
+    )
     parser.add_argument(
         "--figures", type=Path, default=FIGURES, help="with --check: the figures file to check (default: the committed one)"
     )

@@ -38,7 +38,7 @@ from cs336sys.columns import GPU_TIME_PREFIX, timed_kind
 from cs336sys.fileio import atomic_path, write_text_atomic
 from cs336sys.pipeline.merge import load_study
 from cs336sys.rows import BadRowsError, problems
-from cs336sys.runs import compare_machines, compare_plot
+from cs336sys.runs import compare_machines, compare_plot, compare_section
 from cs336sys.runs.compare_machines import HOST_DEPENDENT, Machines, evidence, machines_of, machines_text, row_gpus
 from cs336sys.runs.compare_plot import cell_text, cells_md, listed, md, texts_where
 from cs336sys.runs.compare_setup import config_diff, environment_diff, load_config
@@ -46,10 +46,10 @@ from cs336sys.runs.gate import GATE_RULES, GateResult, evaluate, regressions, th
 from cs336sys.runs.html import report_page
 
 KEYS = ("cell_id", "mode", "phase")
-VERDICTS = ("faster", "slower", HOST_DEPENDENT, "same", "n/a")
-COLUMNS = ["cell_id", "mode", "phase", "status_a", "status_b", "median_a_ms", "median_b_ms", "ratio", "ratio_low",
-           "ratio_high", "verdict", "status_change", "only_in", "flags", "figure", "host_ratio", "gpu_ratio", "note",
-           "b_lacks", *compare_machines.ENERGY_COLUMNS]  # fmt: skip
+COLUMNS = [
+    *"cell_id mode phase status_a status_b median_a_ms median_b_ms ratio ratio_low ratio_high verdict status_change only_in flags figure host_ratio gpu_ratio note b_lacks".split(),
+    *compare_machines.ENERGY_COLUMNS,
+]
 
 
 @dataclass
@@ -217,12 +217,30 @@ def compare_study(a: pd.DataFrame, b: pd.DataFrame, machines: Machines | None = 
         ],
         "",
     )
-    out = pd.DataFrame({
-        "cell_id": m["cell_id"], "mode": m["mode"], "phase": m["phase"], "status_a": m["status_a"],
-        "status_b": m["status_b"], "median_a_ms": m["median_ms_a"], "median_b_ms": m["median_ms_b"], "ratio": ratio,
-        "ratio_low": r_low, "ratio_high": r_high, "verdict": verdict, "status_change": change, "only_in": only_in,
-        "flags": flags, "figure": figure, "host_ratio": host_ratio, "gpu_ratio": gpu_ratio, "note": note, "b_lacks": b_lacks,
-        **compare_machines.energy_ratios(m)})  # fmt: skip
+    out = pd.DataFrame(
+        {
+            "cell_id": m["cell_id"],
+            "mode": m["mode"],
+            "phase": m["phase"],
+            "status_a": m["status_a"],
+            "status_b": m["status_b"],
+            "median_a_ms": m["median_ms_a"],
+            "median_b_ms": m["median_ms_b"],
+            "ratio": ratio,
+            "ratio_low": r_low,
+            "ratio_high": r_high,
+            "verdict": verdict,
+            "status_change": change,
+            "only_in": only_in,
+            "flags": flags,
+            "figure": figure,
+            "host_ratio": host_ratio,
+            "gpu_ratio": gpu_ratio,
+            "note": note,
+            "b_lacks": b_lacks,
+            **compare_machines.energy_ratios(m),
+        }
+    )
     return out[COLUMNS]
 
 
@@ -233,49 +251,6 @@ def compare_runs(a: Mapping[str, pd.DataFrame], b: Mapping[str, pd.DataFrame], m
     empty = pd.DataFrame(columns=["study", "cell_id", "status"])
     tables = [compare_study(a.get(s, empty), b.get(s, empty), machines, s).assign(study=s) for s in sorted(set(a) | set(b))]
     return pd.concat([t[["study", *COLUMNS]] for t in tables], ignore_index=True) if tables else pd.DataFrame(columns=["study", *COLUMNS])
-
-
-def _study_section(study: str, t: pd.DataFrame, figure: str | None) -> list[str]:
-    lines = [f"## Study `{study}`", ""]
-    if t.empty:
-        return lines + ["No timing rows in either run: nothing to compare.", ""]
-    both = t[t["only_in"] == ""]
-    counts = {v: int((both["verdict"] == v).sum()) for v in VERDICTS}
-    counts |= {
-        "only in a": int((t["only_in"] == "a").sum()),
-        "only in b": int((t["only_in"] == "b").sum()),
-        "status changes": int((t["status_change"] != "").sum()),
-    }
-    lines += [md(pd.DataFrame([counts])), ""]
-    for verdict, title in (
-        ("slower", "Slower in b (intervals do not overlap; ratio > 1)"),
-        ("faster", "Faster in b (intervals do not overlap; ratio < 1)"),
-    ):
-        rows = both[both["verdict"] == verdict].sort_values("ratio", ascending=verdict == "faster")
-        lines += [f"### {title}", "", listed(rows, lambda r: cells_md(r, ["flags"])) if len(rows) else "None.", ""]
-    hosted = both[both["verdict"] == HOST_DEPENDENT].sort_values("ratio")
-    if len(hosted):
-        lines += ["### Host-dependent (host-bound on two machines: moved with the host, not judged)", "",
-                  listed(hosted, lambda r: cells_md(r, ["note"])), ""]  # fmt: skip
-    na = both[both["verdict"] == "n/a"]
-    if len(na):
-        reasons = na["note"].value_counts()
-        lines += ["### Not judged (n/a)", ""] + [f"- {n} × {why}" for why, n in reasons.items()] + [""]
-    joules = compare_machines.energy_table(both)
-    if len(joules):
-        lines += ["### Energy per step (b / a)", "", compare_machines.ENERGY_TEXT, "", listed(joules, md), ""]
-    one = t[t["only_in"] != ""]
-    lines += [
-        "### Cells in one run only",
-        "",
-        listed(one[["cell_id", "mode", "phase", "only_in", "status_a", "status_b"]], md) if len(one) else "None.",
-        "",
-    ]
-    changed = t[t["status_change"] != ""]
-    lines += ["### Status changes", "", listed(changed[["cell_id", "mode", "phase", "status_change"]], md) if len(changed) else "None.", ""]
-    if figure:
-        lines += [f"![{study}: ratio b/a per cell]({figure})", ""]
-    return lines
 
 
 def _two(run_dirs: Sequence[Path], names: Sequence[str]) -> tuple[Path, Path]:
@@ -305,7 +280,7 @@ def write_comparison(run_dirs: Sequence[Path], names: Sequence[str], out_dir: Pa
                 fig.savefig(tmp, format="png", dpi=120)
             compare_plot.close(fig)
             figure = f"figures/{study}_ratio.png"
-        sections += _study_section(study, t, figure)
+        sections += compare_section.study_section(study, t, figure)
     verdict = None if fail_above is None else evaluate((a_dir, b_dir), *runs, table, fail_above)
     regs = regressions(table, 1.0) if verdict is None else verdict.rows
     passed = verdict is None or verdict.passed

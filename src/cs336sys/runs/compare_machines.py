@@ -142,8 +142,11 @@ def machines_text(machines: Machines, runs: tuple[Mapping[str, pd.DataFrame], ..
             if " vs " not in machines.device_name
             else f"different kinds of device ({machines.device_name})"
         )
-        return [f"**Two machines** (no GPU in common); {why}, so intervals are as measured. Host-bound rows whose intervals "
-                f"do not overlap are `{HOST_DEPENDENT}`. {host}", ""]  # fmt: skip
+        return [
+            f"**Two machines** (no GPU in common); {why}, so intervals are as measured. Host-bound rows whose intervals "
+            f"do not overlap are `{HOST_DEPENDENT}`. {host}",
+            "",
+        ]
     figures = ", ".join(f"{c} ±{v:.3g}" for c, v in sorted(machines.figures.items()))
     return [
         f"**Two machines** of one kind ({machines.device_name}; no GPU in common): each ratio's interval is widened by the "
@@ -153,8 +156,17 @@ def machines_text(machines: Machines, runs: tuple[Mapping[str, pd.DataFrame], ..
     ]
 
 
-ENERGY_COLUMNS = ["energy_a_j", "energy_a_low_j", "energy_a_high_j", "energy_b_j", "energy_b_low_j", "energy_b_high_j",
-                  "energy_ratio", "energy_ratio_low", "energy_ratio_high"]  # fmt: skip
+ENERGY_COLUMNS = [
+    "energy_a_j",
+    "energy_a_low_j",
+    "energy_a_high_j",
+    "energy_b_j",
+    "energy_b_low_j",
+    "energy_b_high_j",
+    "energy_ratio",
+    "energy_ratio_low",
+    "energy_ratio_high",
+]
 ENERGY_TEXT = (
     "The GPU's joules per step in each run (NVML's energy counter over the timed blocks, whole-step rows; "
     "`measure/energy.py`) and their ratio b/a with the interval [b.low / a.high, b.high / a.low], as measured: "
