@@ -48,26 +48,8 @@ STATUSES = tuple(s.value for s in Status)
 TEXT_COLUMNS = frozenset(
     HEAD_COLUMNS
     + WHERE_COLUMNS
-    + [
-        "device",
-        "device_name",
-        "driver_version",
-        "torch_version",
-        "cuda_version",
-        "python_version",
-        "git_commit",
-        "host",
-        "started_at",
-        "finished_at",
-        "pass_started_at",
-        "pass_finished_at",
-        "gpu_uuid",
-        "gpu_state_note",
-        "cpu_model",
-        "kind",
-        "stop_reason",
-        "model",
-    ]
+    + "device device_name driver_version torch_version cuda_version python_version git_commit host started_at finished_at".split()
+    + "pass_started_at pass_finished_at gpu_uuid gpu_state_note cpu_model kind stop_reason model".split()
 )
 TEXT_SUFFIXES = ("_version", "_note")  # triton_version, mfu_note, pair_note, …
 
