@@ -83,6 +83,15 @@ def test_the_check_spans_three_tiles_of_every_common_width_with_a_ragged_last_on
     assert correctness.check_shape(4, 64, supports=lambda n: n % 128 == 0)[2] == 384  # the tutorial kernel: multiples of 128
 
 
+def test_a_kernel_with_tiles_of_32_or_more_is_checked_at_a_ragged_multiple_of_16():
+    # a multiple of 16 shares Triton's specialisation (and so the compiled kernels) with the timed lengths
+    length = correctness.check_shape(1, 64, tile=32)[2]
+    assert length % 16 == 0 and length >= correctness.CHECK_SEQ
+    for width in (32, 64, 128):
+        assert -(-length // width) >= 3 and length % width, width
+    assert correctness.check_shape(1, 64, supports=lambda n: n % 128 == 0, tile=32)[2] == 384  # none ragged: whole tiles
+
+
 def test_right_kernels_pass_across_tiles():
     course = resolve("eager", kind=catalog.FUSED)[0]
     for fn in (course, _adapter()):

@@ -18,7 +18,7 @@ import torch
 from cell_kwargs import cell_kwargs
 from cs336sys.analysis.passes import combine_passes
 from cs336sys.catalog import BUILT_IN
-from cs336sys.measure.interleave import time_arms
+from cs336sys.measure.interleave import MIN_PAIRS, time_arms
 from cs336sys.measure.session import Policy, Session
 from cs336sys.measure.stats import log_t_interval, paired_ratio, ratio_interval, summarize_trials
 from cs336sys.measure.timing import STEP, time_steps
@@ -91,6 +91,29 @@ def test_pairs_stop_at_the_target_or_at_the_budget_and_say_which():
     )
     assert spent.stop_reason == "budget" and spent.pairs >= 8
     assert sum(t.timed_s for t in spent.arms.values()) >= 0.5
+
+
+def test_each_pass_takes_its_share_of_the_pairs_and_of_the_budget():
+    def run(passes: int, target_rel: float):
+        wild = DriftingHost({"a": 0.010, "b": 0.005}, swing=0.0)
+        wild.rng = np.random.default_rng(1)
+        noisy = {"a": lambda c: setattr(wild, "now", wild.now + 0.010 * np.exp(wild.rng.normal(0, 1.0))), "b": wild.step("b")}
+        policy = Policy(target_rel=target_rel, max_measure_s=1.0, passes=passes)
+        return time_arms(noisy, Session(policy), warmup=0, block_steps=1, device=CPU, clock=wild.clock, sync=lambda d: None)
+
+    one, two = run(1, 0.01), run(2, 0.01)  # never at the target: each spends its budget
+    assert one.stop_reason == two.stop_reason == "budget"
+    assert sum(t.timed_s for t in one.arms.values()) >= 1.0 > sum(t.timed_s for t in two.arms.values()) >= 0.5
+
+
+def test_a_steady_pair_stops_after_its_passes_share_of_the_pairs():
+    def pairs(passes: int) -> int:
+        steady = DriftingHost({"a": 0.010, "b": 0.005}, swing=0.0)
+        session = Session(Policy(target_rel=0.05, max_measure_s=100, passes=passes))
+        arms = {"a": steady.step("a"), "b": steady.step("b")}
+        return time_arms(arms, session, warmup=0, block_steps=2, device=CPU, clock=steady.clock, sync=lambda d: None).pairs
+
+    assert [pairs(n) for n in (1, 2, 3)] == [MIN_PAIRS, MIN_PAIRS // 2, 3]  # the passes together hold MIN_PAIRS
 
 
 def test_a_noisy_single_cell_gets_more_trials_until_its_target_or_budget():

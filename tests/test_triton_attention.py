@@ -401,3 +401,22 @@ def test_reused_kernels_give_the_jit_paths_bits(monkeypatch, atomic):
     shifted = _forward_backward(fn, buf, k, v, do, True)
     for name, a, b in zip(["out", "dq", "dk", "dv"], shifted, fresh):
         torch.testing.assert_close(a, b, msg=lambda m: f"unaligned q, {name}: {m}")
+
+
+def test_our_kernels_tiles_are_no_narrower_than_their_catalog_lines_say():
+    # the correctness check's length is ragged for the line's tile (measure.correctness.check_shape)
+    from cs336sys import catalog
+
+    for name in ("triton", "triton-atomic"):
+        for interpret in (False, True):
+            for kind in ("fwd", "dkdv", "dkdvq", "dq"):
+                narrowest = min(min(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in ta._configs(kind, interpret=interpret))
+                assert narrowest >= catalog.lookup(name).tile, (name, kind, interpret)
+
+
+def test_the_autotuners_key_arguments_do_not_specialise_the_kernels():
+    # one head and sixteen (BH_BUCKET 1 and 16), or the check's length and a timed one, share compiled kernels
+    for kernel in (ta._attn_fwd, ta._attn_bwd_dkdv, ta._attn_bwd_dkdvq, ta._attn_bwd_dq):
+        fn = kernel.fn  # the interpreter keeps the JIT's options as given
+        names = fn.do_not_specialize if hasattr(fn, "do_not_specialize") else fn.kwargs["do_not_specialize"]
+        assert {"N_BUCKET", "BH_BUCKET"} <= set(names), kernel

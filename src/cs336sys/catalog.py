@@ -55,6 +55,7 @@ class Impl:
     backend: str = ""  # force this SDPA backend (a torch.nn.attention.SDPBackend member) around every call
     unsupported: Callable[..., str] | None = None  # (seq_len, head_dim, precision) → why not; "" where it runs
     traffic: str = ""  # how its kernels move bytes (one of TRAFFIC, counted by measure.bytes_moved); "": not counted
+    tile: int = 16  # its kernels' narrowest tile: the correctness check's length is ragged for tiles this wide (measure.correctness)
 
     def __post_init__(self) -> None:
         # read-only, so that a registered line cannot change under the cells that hashed it
@@ -109,8 +110,8 @@ _BUILT_IN = (
     Impl("eager", "pytorch", _CORES, _EAGER, (LM, CORE, FUSED), "eager PyTorch attention", traffic="eager"),
     Impl("compiled", "pytorch", _CORES, _EAGER, (CORE, FUSED), "torch.compile of eager attention", compile=True, traffic="compiled"),
     Impl("sdpa", "pytorch", _CORES, _SDPA, (LM, CORE), "PyTorch's scaled_dot_product_attention", traffic="fused"),
-    Impl("triton", "ours", _OURS, {"softmax": "flash_attention", "relu": "relu_attention_fused"}, (LM, CORE, FUSED), "our Triton FlashAttention-2 kernel", needs_cuda=True, traffic="fused"),
-    Impl("triton-atomic", "ours", _OURS, {"softmax": "flash_attention"}, (FUSED,), "our Triton kernel with the atomic-dQ backward", needs_cuda=True, options={"atomic_dq": True}, traffic="fused"),
+    Impl("triton", "ours", _OURS, {"softmax": "flash_attention", "relu": "relu_attention_fused"}, (LM, CORE, FUSED), "our Triton FlashAttention-2 kernel", needs_cuda=True, traffic="fused", tile=32),
+    Impl("triton-atomic", "ours", _OURS, {"softmax": "flash_attention"}, (FUSED,), "our Triton kernel with the atomic-dQ backward", needs_cuda=True, options={"atomic_dq": True}, traffic="fused", tile=32),
     Impl("tutorial", "reference", _TUTORIAL, {"softmax": "tutorial_attention"}, (FUSED,), "the Triton tutorial kernel", needs_cuda=True, unsupported=tutorial_unsupported, traffic="fused"),
     Impl("sdpa-flash", "pytorch", _CORES, _SDPA, (FUSED,), "SDPA's FlashAttention backend", backend="FLASH_ATTENTION", traffic="fused"),
     Impl("sdpa-cudnn", "pytorch", _CORES, _SDPA, (FUSED,), "SDPA's cuDNN backend", backend="CUDNN_ATTENTION", traffic="fused"),

@@ -49,10 +49,21 @@ TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2, "bf16": 5e-2}
 _REFERENCE = {"softmax": softmax_attention, "relu": relu_attention}
 
 
-def check_shape(heads: int, head_dim: int, supports: Callable[[int], bool] | None = None) -> tuple[int, int, int, int]:
+def check_shape(heads: int, head_dim: int, supports: Callable[[int], bool] | None = None, tile: int = 16) -> tuple[int, int, int, int]:
     """The check's (batch, heads, L, d): the cell's head_dim, at most 2 heads, CHECK_SEQ positions or, where
-    ``supports(L)`` (the catalog line's shapes) refuses that, the shortest longer length it takes."""
-    length = next((n for n in range(CHECK_SEQ, MAX_CHECK_SEQ + 1) if supports is None or supports(n)), CHECK_SEQ)
+    ``supports(L)`` (the catalog line's shapes) refuses that, the shortest longer length it takes.
+
+    ``tile``: the implementation's narrowest tile (its catalog line's). Above 16, L is the first length
+    from CHECK_SEQ that is a multiple of 16 and ragged for that tile (304 for 32): Triton specialises an
+    integer argument on divisibility by 16, so a length that is not would compile every kernel once more
+    for the check alone (the check took 29 s of a cold default sweep on the H200 at 7dafc59, nearly all
+    of it compiling), where a multiple of 16 shares the timed shapes' kernels and still ends every tile of
+    32 or more ragged."""
+    ragged = (lambda n: True) if tile <= 16 else (lambda n: n % 16 == 0 and n % tile != 0)
+    lengths = range(CHECK_SEQ, MAX_CHECK_SEQ + 1)
+    length = next((n for n in lengths if ragged(n) and (supports is None or supports(n))), None)
+    if length is None:  # nothing ragged that it takes (the tutorial kernel: multiples of 128)
+        length = next((n for n in lengths if supports is None or supports(n)), CHECK_SEQ)
     return CHECK_BATCH, min(heads, 2), length, head_dim
 
 

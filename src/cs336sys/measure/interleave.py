@@ -11,6 +11,7 @@ warm-up are those of :func:`cs336sys.measure.timing.time_steps`, the one timing 
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -22,7 +23,13 @@ from cs336sys.measure.session import Policy, Session
 from cs336sys.measure.stats import Interval, paired_ratio
 from cs336sys.measure.timing import MAX_TRIALS, STEP, StepClock, Timing, summarize, synchronize, timed_block, warm_up
 
-MIN_PAIRS = 8  # interleaved pairs before a paired ratio may stop: t(7) = 2.36, not t(1) = 12.7
+MIN_PAIRS = 8  # interleaved pairs of a comparison, over its passes together: t(7) = 2.36, not t(1) = 12.7
+
+
+def min_pairs_per_pass(policy: Policy) -> int:
+    """The pairs one pass takes before it may stop: its share of :data:`MIN_PAIRS` (the merge pools every
+    pass's pairs into one paired interval), and two at least, so that each pass has a ratio of its own."""
+    return max(2, math.ceil(MIN_PAIRS / policy.passes))
 
 
 @dataclass
@@ -46,7 +53,7 @@ def time_arms(
     warmup: int,
     block_steps: int,
     device: torch.device,
-    min_pairs: int = MIN_PAIRS,
+    min_pairs: int | None = None,
     policy: Policy | None = None,
     warm: tuple[str, ...] = (),
     clock: Callable[[], float] = time.perf_counter,
@@ -60,17 +67,19 @@ def time_arms(
     slower than a round slows every arm of it alike and cancels in the per-round
     ratios (:meth:`ArmsTiming.ratio`): on a cloud VM whose launch-bound steps drift
     ±20-40% over seconds to minutes, this is what makes "bf16 vs fp32" answerable.
-    Rounds continue past ``min_pairs`` while any arm's step ratio to the first arm
-    is wider than ±``target_rel``, until ``max_measure_s`` of timed blocks are spent (``policy``:
-    the session's unless given). The first arm is the cell's own configuration. Arms named in
+    Rounds continue past ``min_pairs`` (:func:`min_pairs_per_pass` unless given) while any arm's step
+    ratio to the first arm is wider than ±``target_rel``, until this pass's share of ``max_measure_s``
+    is spent in timed blocks (``policy``: the session's unless given). The first arm is the cell's own configuration. Arms named in
     ``warm`` ran just before (e.g. the cell's own block) and skip their warm-up.
     """
     session.check_not_profiled()
     names = list(arms)
+    policy = policy or session.policy
+    min_pairs = min_pairs_per_pass(policy) if min_pairs is None else min_pairs
     if not names or block_steps < 1 or min_pairs < 2:
         raise ValueError("time_arms needs at least one arm, block_steps >= 1 and min_pairs >= 2")
     with session.part("pairs"):
-        return _interleave(arms, session, policy or session.policy, warmup, block_steps, device, min_pairs, warm, clock, sync)
+        return _interleave(arms, session, policy, warmup, block_steps, device, min_pairs, warm, clock, sync)
 
 
 def _interleave(arms, session: Session, policy: Policy, warmup, block_steps, device, min_pairs, warm, clock, sync) -> ArmsTiming:
@@ -102,7 +111,7 @@ def _interleave(arms, session: Session, policy: Policy, warmup, block_steps, dev
         if all(w.half_width_rel <= policy.target_rel for w in widths):
             stop = "target"
             break
-        if sum(timed.values()) >= policy.max_measure_s or rounds >= MAX_TRIALS:
+        if sum(timed.values()) >= policy.pass_budget_s or rounds >= MAX_TRIALS:
             stop = "budget"
             break
     session.mark_gpu_busy()

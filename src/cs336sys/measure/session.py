@@ -38,7 +38,9 @@ class Policy:
 
     Each trial is a warm-up (``min_warmup_s`` at least, on an idle GPU) and a timed block (``min_measure_s``
     at least). With ``target_rel`` > 0, trials (or pairs of interleaved blocks) continue while the interval's
-    half-width exceeds ``target_rel`` of its centre, until ``max_measure_s`` of blocks are spent.
+    half-width exceeds ``target_rel`` of its centre, until ``max_measure_s`` of blocks are spent: by the
+    cell's ``passes`` together, each pass its share (the merge pools the passes' samples, so a second pass
+    that spent as much as the first doubled the cost of every comparison for a √2 narrower interval).
     """
 
     trials: int = 1
@@ -46,6 +48,12 @@ class Policy:
     min_measure_s: float = 0.0
     target_rel: float = 0.0
     max_measure_s: float = 0.0
+    passes: int = 1
+
+    @property
+    def pass_budget_s(self) -> float:
+        """The seconds of timed blocks one pass may spend per mode: its share of ``max_measure_s``."""
+        return self.max_measure_s / self.passes
 
 
 @dataclass

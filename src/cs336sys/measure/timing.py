@@ -228,8 +228,8 @@ def time_steps(
     after the last timed block (``start_``/``end_`` columns): clocks, temperature.
     With ``target_rel`` > 0, trials continue past ``trials`` (at least two in all)
     while the whole step's interval is wider than ±target_rel of its median, until
-    ``max_measure_s`` of timed blocks are spent (``Timing.stop_reason`` says which):
-    a drifting host gets the samples its interval needs, a steady one stops early.
+    this pass's share of ``max_measure_s`` is spent (``Policy.pass_budget_s``; ``Timing.stop_reason`` says
+    which): a drifting host gets the samples its interval needs, a steady one stops early.
     """
     session.check_not_profiled()
     policy = policy or session.policy
@@ -261,7 +261,7 @@ def time_steps(
             if iv.half_width_rel <= policy.target_rel:
                 stop = "target"
                 break
-        if timed_s >= policy.max_measure_s or len(samples) >= MAX_TRIALS:
+        if timed_s >= policy.pass_budget_s or len(samples) >= MAX_TRIALS:
             stop = "budget"
             break
     session.mark_gpu_busy()

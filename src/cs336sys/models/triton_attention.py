@@ -85,8 +85,7 @@ def _configs(kind: str, interpret: bool = _INTERPRET) -> list[triton.Config]:
     so an attribute of ours would break every cell after the first of a shape.
     """
     if interpret:  # one config: the interpreter runs each program serially on the CPU
-        bm, bn = {"fwd": (32, 16), "dkdv": (16, 32), "dkdvq": (16, 32), "dq": (32, 16)}[kind]
-        return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "TMA": 0}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "TMA": 0}, num_warps=4, num_stages=1)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "TMA": tma}, num_warps=w, num_stages=s) for bm, bn, w, s, tma in _TABLE[kind]]
 
 
@@ -121,6 +120,12 @@ def _prune(kind: str, configs, named_args, **kwargs):
         plain = triton.Config({**c.kwargs, "TMA": 0}, num_warps=c.num_warps, num_stages=c.num_stages)
         twins.setdefault((plain.kwargs["BLOCK_M"], plain.kwargs["BLOCK_N"], c.num_warps, c.num_stages), plain)
     return list(twins.values())
+
+
+# Arguments that only key the autotuner (the kernels never read them). Triton specialises an integer
+# argument on being 1 or a multiple of 16, so left to it, one head (BH_BUCKET 1) and sixteen (16) or the
+# check's shape (measure.correctness) and a timed one would each compile every config once more.
+_KEY_ONLY = ["N_BUCKET", "BH_BUCKET"]
 
 
 def _autotune(kind: str, reset_to_zero: list[str] | None = None):
@@ -353,7 +358,7 @@ def _attn_fwd_inner(
 
 
 @_autotune("fwd")
-@triton.jit
+@triton.jit(do_not_specialize=_KEY_ONLY)
 def _attn_fwd(
     Q,
     K,
@@ -584,7 +589,7 @@ def _attn_bwd_dkdv_inner(
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_KEY_ONLY)
 def _attn_bwd_kv(
     Q,
     K,
@@ -838,7 +843,7 @@ def _attn_bwd_dq_inner(
 
 
 @_autotune("dq")
-@triton.jit
+@triton.jit(do_not_specialize=_KEY_ONLY)
 def _attn_bwd_dq(
     Q,
     K,

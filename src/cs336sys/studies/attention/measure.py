@@ -70,7 +70,9 @@ def measure(
     set_matmul_precision(precision)
     context["mode"] = "train"  # a wrong core's row is the train row it would have been
     with session.part("check"):
-        check_implementation(impl, fn, check_shape(1, d_model), precision, bool(causal), device, activation=activation)
+        check_implementation(
+            impl, fn, check_shape(1, d_model, tile=catalog.lookup(impl).tile), precision, bool(causal), device, activation=activation
+        )
     if catalog.lookup(impl).compile:
         torch._dynamo.reset()  # the check's shape must not make the timed shape's compilation dynamic
     # (batch, 1 head, L, d): 4-D so that SDPA can pick a fused backend (3-D inputs fall back to math)

@@ -99,7 +99,7 @@ def measure(
         with session.part("warmup"):  # the kernel's compilation and autotuning at this shape
             out = _first_call(fn, q, k, v, causal)
         with session.part("check"):
-            shape = check_shape(num_heads, head_dim, lambda n: not line.why_unsupported(n, head_dim, precision))
+            shape = check_shape(num_heads, head_dim, lambda n: not line.why_unsupported(n, head_dim, precision), line.tile)
             check_implementation(impl, fn, shape, precision, causal, device)
         if line.compile:  # the check's shape must not make the timed shape's compilation dynamic
             torch._dynamo.reset()
