@@ -555,3 +555,16 @@ def test_a_warm_up_stops_waiting_once_the_gpu_is_at_its_clocks():
     assert t.warmup_steps_run == 3  # the warm-up step, then two more while the clocks read low
     assert len(ran) == 3 + 1
     assert Session(Policy(min_warmup_s=50 * TICK_S)).at_clocks() is False  # unknown clocks (a CPU): the time in full
+
+
+def test_trials_are_timed_blocks_back_to_back_after_one_warm_up():
+    ran: list[int] = []
+    fake = FakeClock()
+
+    def step(clock):
+        ran.append(1)
+        fake.advance(10)
+
+    t = time_steps(step, Session(Policy(trials=3)), warmup=4, steps=2, device=CPU, clock=fake, sync=lambda d: None)
+    assert t.warmup_steps_run == 4 and len(t.blocks) == 3
+    assert len(ran) == 4 + 3 * 2  # a warm-up before every block would have run 8 more steps

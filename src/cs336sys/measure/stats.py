@@ -1,7 +1,7 @@
 """Confidence intervals and verdicts for benchmark timings.
 
-Each timed cell runs ``trials`` independent trials (a warm-up, then a timed
-block of steps); this module turns their step times into a 95% interval for
+Each timed cell runs a warm-up, then ``trials`` timed blocks of steps (its
+trials); this module turns their step times into a 95% interval for
 the cell's typical step time. The centre is the median of all pooled steps,
 since step times have a long right tail that drags a mean. The interval is
 the envelope of two that each miss one kind of noise: the distribution-free

@@ -26,8 +26,8 @@ ENV_FIELDS = ["device_name", "driver_version", "torch_version", "cuda_version", 
 
 DEFINITIONS = f"""\
 **Conventions.** Times are milliseconds. Each cell is timed in `passes` passes over the grid
-(pass k of every cell before pass k+1 of any), each of `trials` independent trials (a warm-up,
-then a timed block of at least `measure_steps` steps and `min_measure_s` seconds); tables show
+(pass k of every cell before pass k+1 of any), each of a warm-up and `trials` timed blocks (at
+least `measure_steps` steps and `min_measure_s` seconds each, back to back); tables show
 the median of all steps and its 95% interval: the widest of the order-statistic interval of the
 median (distribution-free), the Student-t interval of the per-trial medians and the between-pass
 interval (the host's drift over the sweep; pooled over GPU-bound cells), at least
