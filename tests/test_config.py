@@ -172,6 +172,18 @@ def test_time_limit_is_not_a_cell_setting(cfg):
         assert plan.plan_cell(study, axes, changed, BUILT_IN).params() == before, study
 
 
+def test_passes_are_the_jobs_not_the_cells_params(cfg):
+    """Adding a pass reruns only the new pass: the passes reach a cell as a job field (its Session's Policy.passes)."""
+    validate_config(cfg, SCHEMA)
+    axes = next(iter(plan.grid("e2e", cfg, BUILT_IN).values()))
+    before = plan.plan_cell("e2e", axes, cfg, BUILT_IN)
+    changed = copy.deepcopy(cfg)
+    changed["e2e"]["passes"] = cfg["e2e"]["passes"] + 1
+    after = plan.plan_cell("e2e", axes, changed, BUILT_IN)
+    assert after.params() == before.params() and "passes" not in before.params()["policy"]
+    assert (before.passes, after.passes) == (cfg["e2e"]["passes"], cfg["e2e"]["passes"] + 1)
+
+
 @pytest.mark.slow
 def test_snakemake_rejects_a_bad_config_before_any_job(tmp_path):
     root = copy_repo(tmp_path / "repo")

@@ -278,6 +278,10 @@ def test_energy_check_passes_a_workload_within_3_percent_and_2_percent_of_cost()
 
 
 POWER_CAP_W = {"NVIDIA H100 80GB HBM3": 700.0, "NVIDIA H200": 700.0}  # the SXM boards' power limit (TDP)
+# A board pinned at its limit reads a little over it: the default sweep's mha cells on the H200 at b68f816 (GPU-bound,
+# at the limit) read 680-706 W. The energy check agreed with >= 6 s windows within 1%; a read inside every step
+# (issue 44's) inflated J/step by 2-23%.
+CAP_READS_OVER = 1.01
 
 
 @pytest.mark.slow  # asks git for the committed files
@@ -294,6 +298,6 @@ def test_no_committed_row_implies_more_power_than_its_gpu_can_draw():
             cap = POWER_CAP_W.get(r["device_name"])
             assert cap is not None, f"{path.relative_to(REPO)}: no power cap known for {r['device_name']!r}: add it to POWER_CAP_W"
             watts = float(r["energy_j"]) / (float(r["median_ms"]) / 1e3)
-            if watts > cap:
+            if watts > cap * CAP_READS_OVER:
                 over.append(f"{path.relative_to(REPO)} {r['cell_id']} {r.get('mode', '')}: {watts:.0f} W")
     assert csvs and not over, over

@@ -25,6 +25,7 @@ for _study in STUDIES:
                 warm=int(config["warm_worker"]),
                 # a resource, not a param: asking to replace earlier rows reruns nothing (pipeline.keeprows)
                 overwrite=int(config["overwrite"]),
+                passes=passes(_study),  # each pass takes its share of the comparisons' pairs and budget
             params:
                 cell=cell_params(_study, _k),
                 code=cell_code(_study),

@@ -19,6 +19,7 @@ try:
         warm=bool(snakemake.resources.warm),
         run=snakemake.config["run"],  # other runs' rows name it (pipeline.hostjobs)
         replace=bool(snakemake.resources.overwrite),
+        passes=int(snakemake.resources.passes),  # a resource, not a param: adding a pass reruns only the new one
     )
 except RowsKept as exc:  # the earlier ok rows stay: say why, and fail the job
     sys.exit(f"cs336sys: {exc}")

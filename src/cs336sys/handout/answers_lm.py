@@ -142,7 +142,7 @@ def variability(run: Run, found: Slice | None) -> str:
     steps = (run.config.get("e2e") or {}).get("warmup_steps")
     trials = part["trials"].dropna() if "trials" in part else pd.Series(dtype=float)
     if len(warm) and len(trials):
-        after = f"With {int(trials.max())} trials, each after a warm-up ({int(warm.max())} warm-up steps in all)"
+        after = f"With {int(trials.max())} timed blocks (trials) after {int(warm.max())} warm-up steps in all"
     else:
         after = f"After {steps} warm-up steps" if steps is not None else "After warm-up"
     n = part["n"].dropna() if "n" in part else pd.Series(dtype=float)

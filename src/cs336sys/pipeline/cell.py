@@ -52,6 +52,9 @@ class Cell:
     # loaded two-core machine made a tiny model's step 20-80x slower (OpenMP's barriers wait for a descheduled thread).
     timeout_s: float = 600.0
     threads: int | None = None
+    # The study's passes: each pass takes its share of the pairs and of max_measure_s (Policy.passes). The job's
+    # too: adding a pass reruns the new pass only, and the passes measured keep what they measured.
+    passes: int = 1
 
     def kwargs(self) -> dict[str, Any]:
         """The measurement's keyword arguments: its settings and its axes; a measurement that writes artifacts
@@ -62,13 +65,14 @@ class Cell:
     def params(self) -> dict[str, Any]:
         """The cell as its job's params: plain data, plug-ins only where it runs some (adding a plug-in reruns no other cell)."""
         out = {name: getattr(self, name) for name in FIELDS}
-        out.update(axes=dict(self.axes), settings=dict(self.settings), policy=dataclasses.asdict(self.policy))
+        policy = {k: v for k, v in dataclasses.asdict(self.policy).items() if k != "passes"}  # the job's (``passes``)
+        out.update(axes=dict(self.axes), settings=dict(self.settings), policy=policy)
         plugins = out.pop("plugins")
         return {**({"plugins": dict(plugins)} if plugins else {}), **out}
 
     @classmethod
     def from_params(cls, params: Any, **job: Any) -> Cell:
-        """The cell whose :meth:`params` are ``params`` (``job``: ``timeout_s``, ``threads``); ValueError names a field
+        """The cell whose :meth:`params` are ``params`` (``job``: ``timeout_s``, ``threads``, ``passes``); ValueError names a field
         that is missing, unknown or of the wrong type."""
         if not isinstance(params, Mapping):
             raise ValueError(f"a cell's params are a mapping, not {type(params).__name__}")

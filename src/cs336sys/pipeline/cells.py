@@ -29,6 +29,7 @@ blocks, profiling) and the rest. A child that died mid-measurement leaves its pa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import multiprocessing as mp
 import os
@@ -112,7 +113,8 @@ def _child(conn, cell: Cell, fault: str, job_pid: int, pins: dict[str, str]) -> 
         # the busy share in a cell's first pass only: whether it is launch-bound does not change between passes;
         # energy in every pass (its interval pools the passes' blocks); the warm-up stops waiting once the clocks are up
         clocks_up = gpu_state.clocks_up() if device.type == "cuda" else None
-        session = Session(cell.policy, host_probe.with_probe(sampler, device), busy_share=cell.pass_index == 0, clocks_up=clocks_up)
+        policy = dataclasses.replace(cell.policy, passes=cell.passes)
+        session = Session(policy, host_probe.with_probe(sampler, device), busy_share=cell.pass_index == 0, clocks_up=clocks_up)
         conn.send(("env", env))
         cap_memory(cell.memory_fraction, device)
         inject_fault(cell.cell_id, fault, OutOfMemoryError)

@@ -27,7 +27,7 @@ from cs336sys.studies import Axes, cell_id, format_value, study
 # Section keys that shape the grid or the job, not the measurement (passes: how many jobs, not what one measures).
 JOB_KEYS = ("grid", "timeout_s", "resources", "passes")
 # Section keys of the timing policy: the runner gives them to the measurement as its Session's Policy.
-POLICY_KEYS = tuple(f.name for f in dataclasses.fields(Policy))
+POLICY_KEYS = tuple(f.name for f in dataclasses.fields(Policy) if f.name not in JOB_KEYS)  # passes: the Cell's, a job's
 
 
 def cells(name: str, section: Mapping[str, Any], offered: catalog.Catalog) -> list[Axes]:
@@ -93,6 +93,7 @@ def plan_cell(
         cache_dir=config.get("cache_dir"),
         pass_index=pass_index,
         timeout_s=float(section["timeout_s"]),
+        passes=int(section.get("passes", 1)),
     )
 
 

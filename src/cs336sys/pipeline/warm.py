@@ -222,14 +222,24 @@ def _exchange(sock: socket.socket, path: Path, request: dict[str, Any]) -> dict[
     return None
 
 
-def run_job(cell: dict[str, Any], timeout_s: float, output: str, log: str, warm: bool = True, run: str = "", replace: bool = False) -> str:
+def run_job(
+    cell: dict[str, Any], timeout_s: float, output: str, log: str, warm: bool = True, run: str = "", replace: bool = False, passes: int = 1
+) -> str:
     """One cell job of run ``run``: the cell (its params, ``Cell.params``) measured into the CSV at ``output``, its log at
     ``log``; returns a one-line summary.
 
     With ``warm``, the warm server runs it; otherwise (or where no server starts, or the one found
     may not be used) this process does. RowsKept unless ``replace``: ``pipeline.keeprows``.
     """
-    request = {"cell": cell, "timeout_s": timeout_s, "output": str(output), "log": str(log), "run": run, "replace": replace}
+    request = {
+        "cell": cell,
+        "timeout_s": timeout_s,
+        "passes": passes,
+        "output": str(output),
+        "log": str(log),
+        "run": run,
+        "replace": replace,
+    }
     reply = request_cell(request) if warm else None
     if reply is None:
         return _job(request)
@@ -253,7 +263,7 @@ def _job(request: dict[str, Any], owner_pid: int | None = None) -> str:
         out = Path(request["output"])
         for stale in remove_stale_temps(out.parent, out.name):  # a half-written CSV of a killed earlier job
             print(f"removed {stale} (its writer is gone)")
-        cell = Cell.from_params(request["cell"], timeout_s=request["timeout_s"])
+        cell = Cell.from_params(request["cell"], timeout_s=request["timeout_s"], passes=int(request.get("passes", 1)))
         # nothing here has run torch; the rows' time_job_s counts from the job's process start
         job_started = started_at(owner_pid or os.getpid())
         rows = run_cell(cell, start_method="fork", owner_pid=owner_pid, job_started=job_started, run=request.get("run") or None)

@@ -234,9 +234,13 @@ def checked_request(conn: socket.socket) -> tuple[int, dict[str, Any]]:
         env = request["env"]
         if not isinstance(env, dict):
             raise Refused("the request's env is not a mapping")
+        passes = request.get("passes", 1)
+        if not (isinstance(passes, int) and not isinstance(passes, bool) and 1 <= passes <= 20):
+            raise Refused(f"the study's passes {passes!r} are not a whole number from 1 to 20")
         return pid, {
             "cell": _checked_cell(request["cell"], root),
             "timeout_s": timeout_s,
+            "passes": passes,
             "output": _inside(root, request["output"], "output"),
             "log": _inside(root, request["log"], "log"),
             "cwd": str(root),
