@@ -131,22 +131,19 @@ def test_h200_answers_from_its_data(pages):
     page = pages("h200")
     answers = _answers(page)
     e2e = load_study(RESULTS / "h200" / "e2e.csv", "e2e")
-    # the default sweep at fb1b49eee6b2 (sdpa, context 256, eager steps and CUDA graphs, two passes)
+    # the default sweep at b68f816 (sdpa, context 256, eager cells, two passes): fp32 / bf16 paired in one
+    # process, and the GPU time of each from the same steps replayed as CUDA graphs
     eager = e2e[(e2e["impl"] == "sdpa") & (e2e["cuda_graphs"].astype(int) == 0) & (e2e["context_length"] == 256)]
-    step = eager[(eager["mode"] == "train") & (eager["phase"] == "step") & (eager["size"] == "small")].set_index("precision")["median_ms"]
-    speedup = f"{step['fp32'] / step['bf16']:.3g}×"  # describe_ratio's format
     bf16 = answers["(c) How much faster is a bf16 mixed-precision step"]
-    # two host-bound passes: no interval, and the answer says why; the CUDA-graph cells give the GPU time
-    assert (
-        f"small at context 256: no significant difference ({speedup}; no interval: one of the two medians' intervals reaches 0 ms; launch-bound: the GPU was busy"
-        in bf16
-    )
-    graphs = e2e[(e2e["impl"] == "sdpa") & (e2e["cuda_graphs"].astype(int) == 1) & (e2e["context_length"] == 256)]
-    gpu = graphs[(graphs["mode"] == "train") & (graphs["phase"] == "step") & (graphs["size"] == "small")].set_index("precision")[
-        "median_ms"
+    pair = eager[
+        (eager["kind"] == "pair") & (eager["pair_with"] == "precision=bf16") & (eager["mode"] == "train") & (eager["phase"] == "step")
     ]
+    small = pair[pair["size"] == "small"].iloc[0]
+    assert f"small at context 256: {small['ratio']:.3g}× [{small['ratio_ci_low']:.3g}, {small['ratio_ci_high']:.3g}]" in bf16
+    timed = eager[eager["kind"].isna() & (eager["mode"] == "train") & (eager["phase"] == "step") & (eager["size"] == "small")]
+    gpu = timed.set_index("precision")["gpu_median_ms"]
     assert (
-        f"from the CUDA-graph cells of the same configurations; the two cells' intervals): small at context 256: {gpu['fp32'] / gpu['bf16']:.3g}× ["
+        f"GPU time (the same steps replayed as CUDA graphs; the two cells' intervals): small at context 256: {gpu['fp32'] / gpu['bf16']:.3g}× ["
         in bf16
     )
     assert "interval unbounded" not in bf16
