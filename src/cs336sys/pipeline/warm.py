@@ -231,15 +231,7 @@ def run_job(
     With ``warm``, the warm server runs it; otherwise (or where no server starts, or the one found
     may not be used) this process does. RowsKept unless ``replace``: ``pipeline.keeprows``.
     """
-    request = {
-        "cell": cell,
-        "timeout_s": timeout_s,
-        "passes": passes,
-        "output": str(output),
-        "log": str(log),
-        "run": run,
-        "replace": replace,
-    }
+    request = dict(cell=cell, timeout_s=timeout_s, passes=passes, output=str(output), log=str(log), run=run, replace=replace)
     reply = request_cell(request) if warm else None
     if reply is None:
         return _job(request)
