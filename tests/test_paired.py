@@ -180,26 +180,30 @@ def test_an_e2e_cell_on_a_cpu_times_its_partners_and_says_why_it_has_no_gpu_time
     assert (pairs["pairs"] >= 8).all()
 
 
+def _pair_row(k: int, own, other, *, phase: str, pair_with: str) -> dict:
+    """One pass's ``kind=pair`` row of cell ``c`` (train mode), as a cell job writes it."""
+    return {
+        "study": "e2e",
+        "cell_id": "c",
+        "status": "ok",
+        "error": "",
+        "kind": "pair",
+        "mode": "train",
+        "phase": phase,
+        "pair_with": pair_with,
+        "own_blocks_ms": ";".join(map(str, own)),
+        "partner_blocks_ms": ";".join(map(str, other)),
+        "stop_reason": "target",
+        "pass_index": k,
+    }
+
+
 def test_a_paired_ratio_gets_the_interval_floor_of_timed_rows():
     # H100, large fp32 train, optimizer step over its graph replay: 1.1486 [1.1459, 1.1513] in one run, 1.1427 in the next
     def pair(k, own, other):
-        return {
-            "study": "e2e",
-            "cell_id": "c",
-            "status": "ok",
-            "error": "",
-            "kind": "pair",
-            "mode": "train",
-            "phase": "optimizer_step",
-            "pair_with": "cuda_graphs=1",
-            "own_blocks_ms": ";".join(map(str, own)),
-            "partner_blocks_ms": ";".join(map(str, other)),
-            "stop_reason": "target",
-            "pass_index": k,
-            "ratio": float(np.median(np.array(own) / np.array(other))),
-            "ratio_ci_low": 1.1485,
-            "ratio_ci_high": 1.1487,
-        }
+        ratio = float(np.median(np.array(own) / np.array(other)))
+        row = _pair_row(k, own, other, phase="optimizer_step", pair_with="cuda_graphs=1")
+        return {**row, "ratio": ratio, "ratio_ci_low": 1.1485, "ratio_ci_high": 1.1487}
 
     own, other = [23.0 + 0.001 * i for i in range(8)], [20.0 + 0.001 * i for i in range(8)]
     for passes in ([pair(0, own, other)], [pair(0, own, other), pair(1, own, other)]):
@@ -210,20 +214,7 @@ def test_a_paired_ratio_gets_the_interval_floor_of_timed_rows():
 
 def test_passes_pool_the_pairs_of_a_cell():
     def pair(k, own, other):
-        return {
-            "study": "e2e",
-            "cell_id": "c",
-            "status": "ok",
-            "error": "",
-            "kind": "pair",
-            "mode": "train",
-            "phase": "step",
-            "pair_with": "precision=bf16",
-            "own_blocks_ms": ";".join(map(str, own)),
-            "partner_blocks_ms": ";".join(map(str, other)),
-            "stop_reason": "target",
-            "pass_index": k,
-        }
+        return _pair_row(k, own, other, phase="step", pair_with="precision=bf16")
 
     rng = np.random.default_rng(0)
     drift = np.exp(rng.normal(0, 0.3, 16))
