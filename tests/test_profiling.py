@@ -2,6 +2,7 @@
 
 import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,6 +17,7 @@ from cs336sys.measure.profiling import (
     attention_subrange_table,
     attribute_kernels,
     events_from_profiler,
+    export_trace,
     profile_steps,
 )
 from cs336sys.measure.session import Session
@@ -152,6 +154,17 @@ def test_real_cpu_profile(tmp_path):
     assert answers["train_matmul_share"] > 0  # aten::addmm matches the pattern
     assert table.loc[(table["phase"] == "forward") & table["kernel"].str.contains(MATMUL_PATTERN), "share_of_phase"].sum() > 0
 
-    with gzip.open(trace) as f:  # torch gzips a .json.gz trace itself
+    with gzip.open(trace) as f:  # a .json.gz trace is gzipped, a .json one is not
         assert "traceEvents" in json.load(f)
-    assert not list(tmp_path.glob(".tmp-*"))
+    assert not list(tmp_path.glob(".tmp-*"))  # neither the plain JSON nor the gzip's temp is left
+
+
+def test_export_trace_plain_and_gzipped(tmp_path):
+    class Prof:  # a kineto trace can be exported once per profile: a stand-in exports it twice
+        def export_chrome_trace(self, path: str) -> None:
+            Path(path).write_text('{"traceEvents": [1, 2]}\n' * 3)
+
+    export_trace(Prof(), str(tmp_path / "t.json"))
+    export_trace(Prof(), str(tmp_path / "t.json.gz"))
+    assert (tmp_path / "t.json").read_text() == gzip.decompress((tmp_path / "t.json.gz").read_bytes()).decode()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "t.json.gz"]
