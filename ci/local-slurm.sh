@@ -7,7 +7,10 @@
 #           node is idle. Idempotent: daemons that already run are reused, a second start is a no-op.
 #   stop    cancel queued/running jobs, then stop ONLY the daemons this script started (recorded
 #           in $SLURM_LOCAL_DIR/started/<name> as "pid", checked against /proc/<pid>/comm).
-#           Packages, configs, state and logs are kept.
+#           Packages, configs, state and logs are kept. Then every `snakemake` start on this
+#           machine waits ~9 s: the slurm executor plugin asks `scontrol show config` at import, and
+#           scontrol waits out its MessageTimeout for the stopped controller (.ci/run keeps the
+#           cluster up for the whole suite for that reason).
 #   status  print what runs and what this script started; exit 0 iff the node is usable.
 #
 # Needs root (CI runs as root), Debian/Ubuntu (apt-get), and no systemd: every daemon is started
