@@ -160,6 +160,9 @@ def paired_ratios(df: pd.DataFrame, index: list[str], column: str, top: str, bot
     intervals; ``significant`` is True only where the two intervals do not overlap,
     and ``finding`` then states the ratio, otherwise "no significant difference".
     """
+    # the columns the ratio reads, first: a flash grid's rows carry ~90, and copying them all per group
+    # made this 44 ms a call (the answers of h100-flash-grid: 11 s in 249 calls)
+    df = df[[c for c in dict.fromkeys([*index, column, "status", "median_ms", "ci_low_ms", "ci_high_ms", "n", "trials"]) if c in df]]
     rows = ok_rows(df).dropna(subset=["median_ms"]) if "median_ms" in df else df.iloc[0:0]
     a = rows[rows[column] == top].set_index(index)
     b = rows[rows[column] == bottom].set_index(index)

@@ -232,10 +232,10 @@ def listing(items: Iterable[str]) -> str:
 
 def first(df: pd.DataFrame, **where) -> pd.Series | None:
     """The first row with column == value for each keyword, or None."""
-    mask = pd.Series(True, index=df.index)
+    mask = np.ones(len(df), dtype=bool)
     for col, value in where.items():
         if col not in df:
             return None
-        mask &= df[col] == value
-    hits = df[mask]
-    return hits.iloc[0] if len(hits) else None
+        mask &= (df[col] == value).to_numpy()
+    hits = mask.nonzero()[0]
+    return df.iloc[hits[0]] if len(hits) else None  # one row taken, not every matching one (wide frames)

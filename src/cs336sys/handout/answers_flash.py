@@ -117,7 +117,7 @@ def _flash(run: Run) -> tuple[str, str]:
     note, table, wins = Note(ok), [], []
     for shape in run.facts("flash").shapes:
         part = shape.rows
-        row = shape.key | {impl: note.ms(first(part, impl=impl)) for impl in impls if first(part, impl=impl) is not None}
+        row = shape.key | {impl: note.ms(r) for impl in impls if (r := first(part, impl=impl)) is not None}
         # against PyTorch's implementations only: ours, the tutorial kernel and plug-ins are listed in the table
         if shape.fastest_pytorch is not None:
             r = shape.versus_ours
