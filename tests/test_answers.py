@@ -131,7 +131,7 @@ def test_h200_answers_from_its_data(pages):
     page = pages("h200")
     answers = _answers(page)
     e2e = load_study(RESULTS / "h200" / "e2e.csv", "e2e")
-    # the default sweep at b68f816 (sdpa, context 256, eager cells, two passes): fp32 / bf16 paired in one
+    # the default sweep at 2efb12e (sdpa, context 256, eager cells, two passes): fp32 / bf16 paired in one
     # process, and the GPU time of each from the same steps replayed as CUDA graphs
     eager = e2e[(e2e["impl"] == "sdpa") & (e2e["cuda_graphs"].astype(int) == 0) & (e2e["context_length"] == 256)]
     bf16 = answers["(c) How much faster is a bf16 mixed-precision step"]
@@ -139,7 +139,10 @@ def test_h200_answers_from_its_data(pages):
         (eager["kind"] == "pair") & (eager["pair_with"] == "precision=bf16") & (eager["mode"] == "train") & (eager["phase"] == "step")
     ]
     small = pair[pair["size"] == "small"].iloc[0]
-    assert f"small at context 256: {small['ratio']:.3g}× [{small['ratio_ci_low']:.3g}, {small['ratio_ci_high']:.3g}]" in bf16
+    # the paired ratio as measured, whether a finding ("0.867× [0.789, 0.952]: bf16 is slower", b68f816's run)
+    # or not ("no significant difference (0.915× [0.815, 1.03]; …", this run's: the small model's step is host-bound)
+    ratio = f"{small['ratio']:.3g}× [{small['ratio_ci_low']:.3g}, {small['ratio_ci_high']:.3g}]"
+    assert re.search(rf"small at context 256: (no significant difference \()?{re.escape(ratio)}", bf16), bf16
     timed = eager[eager["kind"].isna() & (eager["mode"] == "train") & (eager["phase"] == "step") & (eager["size"] == "small")]
     gpu = timed.set_index("precision")["gpu_median_ms"]
     assert (
