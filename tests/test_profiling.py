@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+from cs336sys.fileio import OutputPathError
 from cs336sys.measure.profiling import (
     MATMUL_PATTERN,
     PHASES,
@@ -168,3 +170,16 @@ def test_export_trace_plain_and_gzipped(tmp_path):
     export_trace(Prof(), str(tmp_path / "t.json.gz"))
     assert (tmp_path / "t.json").read_text() == gzip.decompress((tmp_path / "t.json.gz").read_bytes()).decode()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "t.json.gz"]
+
+
+def test_export_trace_never_writes_through_a_link_at_its_plain_temp_name(tmp_path):
+    class Prof:
+        def export_chrome_trace(self, path: str) -> None:
+            Path(path).write_text('{"traceEvents": []}')
+
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("keep")
+    (tmp_path / f".tmp-{os.getpid()}-t.json").symlink_to(target)  # the plain JSON's temp name, taken first
+    with pytest.raises(OutputPathError, match="neither followed nor replaced"):
+        export_trace(Prof(), str(tmp_path / "t.json.gz"))
+    assert target.read_text() == "keep" and not (tmp_path / "t.json.gz").exists()

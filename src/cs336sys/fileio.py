@@ -54,7 +54,7 @@ def check_output_path(path: str | os.PathLike) -> None:
         raise OutputPathError(f"{path} is {kind}: an output replaces only a regular file; remove it or write elsewhere")
 
 
-def _create_temp(tmp: Path, path: Path) -> None:
+def create_temp(tmp: Path, path: Path) -> None:
     """Create ``tmp`` empty and exclusively; replace only a leftover regular file of our own.
 
     A writer killed before its rename leaves ``.tmp-<pid>-<name>``; pids recycle, so a later
@@ -90,7 +90,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     check_output_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")  # remove_stale_temps reads this name
-    _create_temp(tmp, path)
+    create_temp(tmp, path)
     try:
         yield tmp
         check_output_path(path)  # something else may have been put there while we wrote

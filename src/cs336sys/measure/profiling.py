@@ -36,12 +36,13 @@ import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from cs336sys.fileio import atomic_path
+from cs336sys.fileio import atomic_path, create_temp
 from cs336sys.measure.session import Session
 
 if TYPE_CHECKING:  # torch is only needed to record, not to attribute
@@ -119,6 +120,7 @@ def export_trace(prof: torch.profiler.profile, path: str) -> None:
             return
         plain = tmp.with_name(tmp.name.removesuffix(".gz"))  # .tmp-<pid>-….json: a temp name, never a result
         try:
+            create_temp(plain, Path(path))  # exclusively, as atomic_path makes tmp: a link planted there is refused
             prof.export_chrome_trace(str(plain))
             with open(plain, "rb") as src, gzip.open(tmp, "wb", compresslevel=1) as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
